@@ -1,0 +1,140 @@
+// Small device helpers: warp-cooperative byte copies at the widest aligned width, fp8/bf16
+// packing, and launch-error reporting.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "../numerics.h"
+
+namespace kvc::cuda {
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 8;  // tokens per thread block for the one-warp-per-row kernels
+
+inline void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+inline unsigned grid_for(int64_t rows) {
+  return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+__device__ __forceinline__ int64_t warp_row() {
+  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
+}
+
+__device__ __forceinline__ bool aligned(const void* p, unsigned bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
+// n bytes from src to dst by the lanes of one warp, 16/8/4/1 bytes at a time.
+__device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t n, int lane) {
+  const uintptr_t mix = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
+                        static_cast<uintptr_t>(n);
+  if ((mix & 15) == 0) {
+    for (int64_t i = lane; i < n / 16; i += kWarp)
+      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+  } else if ((mix & 7) == 0) {
+    for (int64_t i = lane; i < n / 8; i += kWarp)
+      reinterpret_cast<uint2*>(dst)[i] = reinterpret_cast<const uint2*>(src)[i];
+  } else if ((mix & 3) == 0) {
+    for (int64_t i = lane; i < n / 4; i += kWarp)
+      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
+  } else {
+    for (int64_t i = lane; i < n; i += kWarp) dst[i] = src[i];
+  }
+}
+
+__device__ __forceinline__ void warp_zero(uint8_t* dst, int64_t n, int lane) {
+  if (((reinterpret_cast<uintptr_t>(dst) | static_cast<uintptr_t>(n)) & 15) == 0) {
+    for (int64_t i = lane; i < n / 16; i += kWarp) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0, 0, 0, 0);
+  } else {
+    for (int64_t i = lane; i < n; i += kWarp) dst[i] = 0;
+  }
+}
+
+// Stores n (multiple of 4) bytes held in 32-bit words, as wide as dst's alignment allows.
+template <int N>
+__device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&w)[N]) {
+  static_assert(N % 4 == 0 || N < 4, "");
+  if constexpr (N % 4 == 0) {
+    if (aligned(dst, 16)) {
+#pragma unroll
+      for (int i = 0; i < N; i += 4)
+        reinterpret_cast<uint4*>(dst)[i / 4] = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
+      return;
+    }
+  }
+  if (aligned(dst, 4)) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) reinterpret_cast<uint32_t*>(dst)[i] = w[i];
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4 * N; ++i) dst[i] = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
+}
+
+// Loads n (multiple of 4) bytes into 32-bit words, as wide as src's alignment allows.
+template <int N>
+__device__ __forceinline__ void load_words(const uint8_t* src, uint32_t (&w)[N]) {
+  if constexpr (N % 4 == 0) {
+    if (aligned(src, 16)) {
+#pragma unroll
+      for (int i = 0; i < N; i += 4) {
+        const uint4 v = reinterpret_cast<const uint4*>(src)[i / 4];
+        w[i] = v.x; w[i + 1] = v.y; w[i + 2] = v.z; w[i + 3] = v.w;
+      }
+      return;
+    }
+  }
+  if constexpr (N % 2 == 0) {
+    if (aligned(src, 8)) {
+#pragma unroll
+      for (int i = 0; i < N; i += 2) {
+        const uint2 v = reinterpret_cast<const uint2*>(src)[i / 2];
+        w[i] = v.x; w[i + 1] = v.y;
+      }
+      return;
+    }
+  }
+  if (aligned(src, 4)) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = reinterpret_cast<const uint32_t*>(src)[i];
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    w[i] = src[4 * i] | (src[4 * i + 1] << 8) | (src[4 * i + 2] << 16) |
+           (static_cast<uint32_t>(src[4 * i + 3]) << 24);
+}
+
+// Two 16-bit floats packed in a word -> floats.
+template <bool kHalf>
+__device__ __forceinline__ void unpack2(uint32_t w, float& lo, float& hi) {
+  if constexpr (kHalf) {
+    lo = fp16_to_float(static_cast<uint16_t>(w & 0xFFFF));
+    hi = fp16_to_float(static_cast<uint16_t>(w >> 16));
+  } else {
+    lo = bits_float(w << 16);
+    hi = bits_float(w & 0xFFFF0000u);
+  }
+}
+
+__device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
+  return static_cast<uint32_t>(e4m3_encode(a)) | (static_cast<uint32_t>(e4m3_encode(b)) << 8) |
+         (static_cast<uint32_t>(e4m3_encode(c)) << 16) | (static_cast<uint32_t>(e4m3_encode(d)) << 24);
+}
+
+template <int kWidth>  // reduce over groups of kWidth consecutive lanes
+__device__ __forceinline__ float group_max(float v) {
+#pragma unroll
+  for (int off = kWidth / 2; off > 0; off /= 2) v = fmax_(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+  return v;
+}
+
+}  // namespace kvc::cuda

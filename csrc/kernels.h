@@ -1,0 +1,107 @@
+// Plain parameter structs shared by the CPU loops and the CUDA kernels, and their entry points.
+// The op layer (op_args.cpp) validates tensors and fills these; kernels never see a Tensor,
+// which keeps the .cu files free of torch headers (fast nvcc builds).
+#pragma once
+#include <cstdint>
+
+#include "numerics.h"
+#include "paged_view.h"
+
+namespace kvc {
+
+// reshape_and_cache: [T, H, D] rows copied as they are, or encoded to fp8 with a per-tensor scale.
+struct PlainWriteParams {
+  const void* key;
+  int64_t key_token_stride;  // elements
+  int64_t key_head_stride;   // elements
+  DType dtype;
+  int64_t num_heads;
+  int64_t head_dim;
+  bool fp8;
+  const float* scale;  // device/host pointer to one fp32 (fp8 only)
+  PagedView view;
+  const int64_t* slots;
+  int64_t num_tokens;
+};
+
+// concat_and_cache_mla: kv_c [T, 512] + k_pe [T, 64] -> fp8_ds_mla (656 B) or 576-value rows.
+struct MlaWriteParams {
+  const void* kv_c;
+  int64_t kv_c_stride;  // elements between tokens
+  const void* k_pe;
+  int64_t k_pe_stride;
+  DType dtype;
+  bool fp8;
+  PagedView view;
+  const int64_t* slots;
+  int64_t num_tokens;
+};
+
+// indexer_k_quant_and_cache: k [T, 128] -> 128 fp8 codes + fp32 scale.
+struct IndexerWriteParams {
+  const void* k;
+  int64_t k_stride;
+  DType dtype;
+  bool ue8m0;
+  IndexerPlacement placement;
+  PagedView view;
+  const int64_t* slots;
+  int64_t num_tokens;
+};
+
+enum class MlaGatherMode : int32_t {
+  kCopyRow = 0,      // the stored row as it is (656 raw bytes, or an unquantized row)
+  kDequantBf16 = 1,  // fp8_ds_mla -> 576 bf16
+  kDequantF32 = 2,   // fp8_ds_mla -> 576 fp32
+};
+
+struct MlaGatherParams {
+  PagedView view;
+  TokenSource src;
+  int64_t num_tokens;
+  MlaGatherMode mode;
+  uint8_t* out;
+  int64_t out_stride;  // bytes between output rows
+};
+
+struct IndexerGatherParams {
+  PagedView view;
+  TokenSource src;
+  int64_t num_tokens;
+  IndexerPlacement placement;
+  uint8_t* codes;  // [T, 128], row stride codes_stride bytes
+  int64_t codes_stride;
+  float* scales;   // [T], contiguous
+};
+
+// Per-token scale math, shared by every implementation.
+KVC_HD float mla_tile_scale(float amax) { return fmax_(amax / kFp8Max, kFltMin); }
+KVC_HD float indexer_scale(float amax, bool ue8m0) {
+  const float s = fmax_(amax, kIndexerAmaxFloor) / kFp8Max;
+  return ue8m0 ? ue8m0_round_up(s) : s;
+}
+
+namespace cpu {
+void plain_write(const PlainWriteParams& p);
+void mla_write(const MlaWriteParams& p);
+void indexer_write(const IndexerWriteParams& p);
+void mla_gather(const MlaGatherParams& p);
+void indexer_gather(const IndexerGatherParams& p);
+}  // namespace cpu
+
+namespace cuda {
+// `stream` is a cudaStream_t.
+void plain_write(const PlainWriteParams& p, void* stream);
+void mla_write(const MlaWriteParams& p, void* stream);
+void indexer_write(const IndexerWriteParams& p, void* stream);
+void dsa_write(const MlaWriteParams& mla, const IndexerWriteParams& idx, void* stream);
+void mla_gather(const MlaGatherParams& p, void* stream);
+void indexer_gather(const IndexerGatherParams& p, void* stream);
+}  // namespace cuda
+
+}  // namespace kvc
+
+namespace kvc::cuda {
+// Byte spans (src offset, dst offset, length) [n, 3] on the host: one cudaMemcpyAsync each.
+void copy_spans(const uint8_t* src, uint8_t* dst, const int64_t* spans, int64_t n, void* stream);
+}  // namespace kvc::cuda

@@ -1,0 +1,131 @@
+// Number formats of the cache rows, bit-exact on host and device.
+//
+// e4m3 ("fn", max 448) encoding: round to nearest even, saturate finite overflow and +-inf to
+// +-448, NaN -> 0x7F whatever its sign (GPUs drop the sign of NaN results, x86 keeps it, so a
+// signed NaN could not give the same bytes everywhere). This matches the hardware
+// cvt.rn.satfinite.e4m3x2.f32 instruction, which the device path uses on sm_89 and newer.
+// bf16 results round to nearest even with NaN -> 0x7FC0.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "paged_view.h"  // KVC_HD
+
+#if defined(__CUDACC__)
+#include <cuda_fp8.h>
+#endif
+
+namespace kvc {
+
+KVC_HD uint32_t float_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+
+KVC_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+KVC_HD bool is_nan(float f) { return (float_bits(f) & 0x7FFFFFFFu) > 0x7F800000u; }
+
+// |x| for amax reductions; NaN counts as 0 so one NaN does not poison a tile's scale.
+KVC_HD float abs_for_amax(float f) {
+  const uint32_t a = float_bits(f) & 0x7FFFFFFFu;
+  return a > 0x7F800000u ? 0.0f : bits_float(a);
+}
+
+KVC_HD float fmax_(float a, float b) { return a > b ? a : b; }
+
+constexpr float kFp8Max = 448.0f;
+constexpr float kFltMin = 1.17549435e-38f;  // FLT_MIN
+constexpr float kIndexerAmaxFloor = 1e-4f;
+
+// Software encoder: the reference for every path.
+KVC_HD uint8_t e4m3_encode_soft(float f) {
+  const uint32_t bits = float_bits(f);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t a = bits & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return 0x7F;                 // NaN
+  if (a >= 0x43E00000u) return sign | 0x7E;         // >= 448 (and inf): saturate
+  if (a >= 0x3C800000u) {                           // >= 2^-6: normal e4m3
+    const uint32_t r = a + 0x7FFFFu + ((a >> 20) & 1u);  // round to nearest even at bit 20
+    return sign | static_cast<uint8_t>((r >> 20) - (120u << 3));
+  }
+  // Subnormal e4m3: value = q * 2^-9, q in 0..8 (8 is the smallest normal, encoded 0x08).
+  const uint32_t exp = a >> 23;
+  if (exp < 117) return sign;                       // < 2^-10: rounds to zero
+  const uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;
+  const uint32_t shift = 141u - exp;                // 21..24
+  uint32_t q = mant >> shift;
+  const uint32_t rem = mant & ((1u << shift) - 1u);
+  const uint32_t half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (q & 1u))) ++q;
+  return sign | static_cast<uint8_t>(q);
+}
+
+KVC_HD uint8_t e4m3_encode(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  if (is_nan(f)) return 0x7F;
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3));
+#else
+  return e4m3_encode_soft(f);
+#endif
+}
+
+KVC_HD float e4m3_decode(uint8_t c) {
+  const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
+  const uint32_t e = (c >> 3) & 0xFu;
+  const uint32_t m = c & 0x7u;
+  if (e == 0xFu && m == 0x7u) return bits_float(0x7FC00000u);
+  if (e == 0) return bits_float(sign | float_bits(static_cast<float>(m) * 0.001953125f));  // m*2^-9
+  return bits_float(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+KVC_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+KVC_HD uint16_t float_to_bf16(float f) {
+  const uint32_t u = float_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+KVC_HD float fp16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1Fu;
+  const uint32_t m = h & 0x3FFu;
+  if (e == 0x1Fu) return bits_float(sign | 0x7F800000u | (m << 13));
+  if (e == 0) return bits_float(sign | float_bits(static_cast<float>(m) * 5.9604644775390625e-8f));
+  return bits_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// Round a positive scale up to a power of two (ue8m0), from the float's bits.
+KVC_HD float ue8m0_round_up(float s) {
+  const uint32_t u = float_bits(s);
+  if ((u & 0x7F800000u) == 0x7F800000u) return s;  // inf / NaN stay
+  if ((u & 0x7FFFFFu) == 0) return s;              // already a power of two
+  return bits_float((u & 0xFF800000u) + 0x800000u);
+}
+
+// Input element kinds of the write ops.
+enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+KVC_HD int64_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+KVC_HD float load_as_float(const void* p, int64_t i, DType t) {
+  if (t == DType::kFloat32) return static_cast<const float*>(p)[i];
+  const uint16_t h = static_cast<const uint16_t*>(p)[i];
+  return t == DType::kBFloat16 ? bf16_to_float(h) : fp16_to_float(h);
+}
+
+}  // namespace kvc

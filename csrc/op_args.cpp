@@ -1,0 +1,336 @@
+#include "op_args.h"
+
+#include <c10/util/Exception.h>
+
+#include <string>
+
+namespace kvc {
+namespace {
+
+std::string shape_str(const at::Tensor& t) { return c10::str(t.sizes()); }
+
+DType input_dtype(const at::Tensor& t, const char* arg, bool allow_fp32) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kHalf: return DType::kFloat16;
+    case at::kFloat:
+      if (allow_fp32) return DType::kFloat32;
+      break;
+    default: break;
+  }
+  TORCH_CHECK_TYPE(false, arg, " must be bfloat16 or float16", allow_fp32 ? " or float32" : "",
+                   ", got ", t.scalar_type());
+}
+
+void check_same_device(const at::Tensor& t, const char* arg, const at::Tensor& view,
+                       const char* view_arg) {
+  TORCH_CHECK_VALUE(t.device() == view.device(), arg, " must be on the device of ", view_arg, " (",
+                    view.device(), "), got ", t.device());
+}
+
+// Rows input: rank `rank`, at least num_tokens rows, given last dims, last dim contiguous.
+void check_rows(const at::Tensor& t, const char* arg, int64_t num_tokens,
+                std::initializer_list<int64_t> tail) {
+  const int64_t rank = 1 + static_cast<int64_t>(tail.size());
+  TORCH_CHECK_VALUE(t.dim() == rank, arg, " must have ", rank, " dimensions [T, ...], got shape ",
+                    shape_str(t));
+  int64_t d = 1;
+  for (int64_t want : tail) {
+    TORCH_CHECK_VALUE(want < 0 || t.size(d) == want, arg, ".size(", d, ") must be ", want,
+                      ", got shape ", shape_str(t));
+    ++d;
+  }
+  TORCH_CHECK_VALUE(t.size(0) >= num_tokens, arg, " must hold at least slot_mapping.numel() = ",
+                    num_tokens, " rows, got shape ", shape_str(t));
+  TORCH_CHECK_VALUE(t.numel() == 0 || t.stride(rank - 1) == 1, arg,
+                    " must be contiguous in its last dimension, got strides ", t.strides());
+  for (int64_t i = 0; i < rank; ++i)
+    TORCH_CHECK_VALUE(t.stride(i) >= 0, arg, " must not have negative strides");
+}
+
+int64_t check_slot_mapping(const at::Tensor& sm, const at::Tensor& view, const char* view_arg) {
+  TORCH_CHECK_TYPE(sm.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
+                   sm.scalar_type());
+  TORCH_CHECK_VALUE(sm.dim() == 1, "slot_mapping must be 1-D [T], got shape ", shape_str(sm));
+  TORCH_CHECK_VALUE(sm.numel() == 0 || sm.stride(0) == 1, "slot_mapping must be contiguous");
+  check_same_device(sm, "slot_mapping", view, view_arg);
+  return sm.numel();
+}
+
+IndexerPlacement parse_placement(std::string_view placement) {
+  if (placement == "row") return IndexerPlacement::kRow;
+  if (placement == "split") return IndexerPlacement::kSplit;
+  TORCH_CHECK_VALUE(false, "placement must be \"row\" or \"split\", got \"", placement, "\"");
+}
+
+bool parse_mla_dtype(std::string_view kv_cache_dtype) {
+  if (kv_cache_dtype == "fp8_ds_mla") return true;
+  if (kv_cache_dtype == "auto") return false;
+  TORCH_CHECK_VALUE(false, "kv_cache_dtype must be \"fp8_ds_mla\" or \"auto\", got \"",
+                    kv_cache_dtype, "\"");
+}
+
+void check_row_bytes(const PagedView& v, int64_t want, const char* view_arg, const char* what) {
+  TORCH_CHECK_VALUE(v.row_bytes == want, view_arg, " rows must be ", want, " bytes (", what,
+                    "), got C = ", v.row_bytes);
+}
+
+void check_one_head(const PagedView& v, const char* view_arg) {
+  TORCH_CHECK_VALUE(v.num_heads == 1, view_arg, " must have 1 head, got H = ", v.num_heads);
+}
+
+const int32_t* int32_vector(const at::Tensor& t, const char* arg, int64_t n, const at::Tensor& view) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, arg, " must be int32, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == n, arg, " must be 1-D with ", n,
+                    " entries, got shape ", shape_str(t));
+  TORCH_CHECK_VALUE(n == 0 || t.stride(0) == 1, arg, " must be contiguous");
+  check_same_device(t, arg, view, "view");
+  return t.data_ptr<int32_t>();
+}
+
+TokenSource token_source(const GatherSource& g, const at::Tensor& view, int64_t out_rows) {
+  TokenSource s{};
+  if (g.slots) {
+    const at::Tensor& sl = *g.slots;
+    TORCH_CHECK_TYPE(sl.scalar_type() == at::kLong, "slots must be int64, got ", sl.scalar_type());
+    TORCH_CHECK_VALUE(sl.is_contiguous(), "slots must be contiguous");
+    TORCH_CHECK_VALUE(sl.numel() == out_rows, "out must have slots.numel() = ", sl.numel(),
+                      " rows, got ", out_rows);
+    check_same_device(sl, "slots", view, "view");
+    s.slots = sl.data_ptr<int64_t>();
+    return s;
+  }
+  TORCH_CHECK_VALUE(g.block_table && g.cu_seq_lens, "block_table and cu_seq_lens are required");
+  const at::Tensor& bt = *g.block_table;
+  TORCH_CHECK_TYPE(bt.scalar_type() == at::kInt, "block_table must be int32, got ",
+                   bt.scalar_type());
+  TORCH_CHECK_VALUE(bt.dim() == 2, "block_table must be 2-D [num_requests, max_blocks], got shape ",
+                    shape_str(bt));
+  TORCH_CHECK_VALUE(bt.size(1) <= 1 || bt.stride(1) == 1,
+                    "block_table must be contiguous in its last dimension");
+  check_same_device(bt, "block_table", view, "view");
+  s.block_table = bt.data_ptr<int32_t>();
+  s.bt_stride = bt.stride(0);
+  s.max_blocks = bt.size(1);
+  s.num_reqs = bt.size(0);
+  s.cu_seq_lens = int32_vector(*g.cu_seq_lens, "cu_seq_lens", s.num_reqs + 1, view);
+  if (g.seq_starts) s.seq_starts = int32_vector(*g.seq_starts, "seq_starts", s.num_reqs, view);
+  return s;
+}
+
+}  // namespace
+
+PagedView paged_view(const at::Tensor& view, const char* arg) {
+  TORCH_CHECK_TYPE(view.scalar_type() == at::kByte, arg, " must be a torch.uint8 cache view, got ",
+                   view.scalar_type());
+  TORCH_CHECK_VALUE(view.dim() == 4, arg, " must be 4-D [num_blocks, H, block_size, C], got shape ",
+                    shape_str(view));
+  TORCH_CHECK_VALUE(view.stride(3) == 1, arg, " must have byte stride 1 in C, got strides ",
+                    view.strides());
+  for (int64_t i = 0; i < 3; ++i)
+    TORCH_CHECK_VALUE(view.stride(i) >= 0, arg, " must not have negative strides");
+  PagedView v{};
+  v.base = static_cast<uint8_t*>(view.data_ptr());
+  v.num_blocks = view.size(0);
+  v.num_heads = view.size(1);
+  v.block_size = view.size(2);
+  v.row_bytes = view.size(3);
+  v.block_stride = view.stride(0);
+  v.head_stride = view.stride(1);
+  v.token_stride = view.stride(2);
+  TORCH_CHECK_VALUE(v.num_blocks > 0 && v.num_heads > 0 && v.block_size > 0 && v.row_bytes > 0,
+                    arg, " must not be empty, got shape ", shape_str(view));
+  return v;
+}
+
+PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
+                                  const at::Tensor& slot_mapping, std::string_view kv_cache_dtype,
+                                  const OptTensor& scale) {
+  PlainWriteParams p{};
+  p.view = paged_view(view, "view");
+  p.num_tokens = check_slot_mapping(slot_mapping, view, "view");
+  TORCH_CHECK_VALUE(kv_cache_dtype == "auto" || kv_cache_dtype == "fp8",
+                    "kv_cache_dtype must be \"auto\" or \"fp8\", got \"", kv_cache_dtype, "\"");
+  p.fp8 = kv_cache_dtype == "fp8";
+  p.dtype = input_dtype(key, "key", true);
+  check_rows(key, "key", p.num_tokens, {p.view.num_heads, -1});
+  check_same_device(key, "key", view, "view");
+  p.num_heads = key.size(1);
+  p.head_dim = key.size(2);
+  const int64_t want = p.head_dim * (p.fp8 ? 1 : dtype_size(p.dtype));
+  TORCH_CHECK_VALUE(p.view.row_bytes == want, "view rows must be D x ", p.fp8 ? 1 : key.element_size(),
+                    " = ", want, " bytes for key of shape ", shape_str(key), ", got C = ",
+                    p.view.row_bytes);
+  if (p.fp8) {
+    TORCH_CHECK_VALUE(scale.has_value(), "scale is required when kv_cache_dtype is \"fp8\"");
+    TORCH_CHECK_TYPE(scale->scalar_type() == at::kFloat, "scale must be float32, got ",
+                     scale->scalar_type());
+    TORCH_CHECK_VALUE(scale->numel() == 1, "scale must hold one value, got shape ",
+                      shape_str(*scale));
+    check_same_device(*scale, "scale", view, "view");
+    p.scale = scale->data_ptr<float>();
+  }
+  p.key = key.data_ptr();
+  p.key_token_stride = key.stride(0);
+  p.key_head_stride = key.stride(1);
+  p.slots = slot_mapping.data_ptr<int64_t>();
+  return p;
+}
+
+MlaWriteParams mla_write_args(const at::Tensor& kv_c, const at::Tensor& k_pe,
+                              const at::Tensor& view, const at::Tensor& slot_mapping,
+                              std::string_view kv_cache_dtype, const char* view_arg) {
+  MlaWriteParams p{};
+  p.view = paged_view(view, view_arg);
+  p.fp8 = parse_mla_dtype(kv_cache_dtype);
+  p.num_tokens = check_slot_mapping(slot_mapping, view, view_arg);
+  p.dtype = input_dtype(kv_c, "kv_c", !p.fp8);
+  TORCH_CHECK_TYPE(k_pe.scalar_type() == kv_c.scalar_type(), "k_pe must have the dtype of kv_c (",
+                   kv_c.scalar_type(), "), got ", k_pe.scalar_type());
+  check_rows(kv_c, "kv_c", p.num_tokens, {kMlaLatentDim});
+  check_rows(k_pe, "k_pe", p.num_tokens, {kMlaRopeDim});
+  check_same_device(kv_c, "kv_c", view, view_arg);
+  check_same_device(k_pe, "k_pe", view, view_arg);
+  check_one_head(p.view, view_arg);
+  if (p.fp8)
+    check_row_bytes(p.view, kMlaFp8RowBytes, view_arg, "fp8_ds_mla");
+  else
+    check_row_bytes(p.view, kMlaDim * dtype_size(p.dtype), view_arg, "576 values of kv_c's dtype");
+  p.kv_c = kv_c.data_ptr();
+  p.kv_c_stride = kv_c.stride(0);
+  p.k_pe = k_pe.data_ptr();
+  p.k_pe_stride = k_pe.stride(0);
+  p.slots = slot_mapping.data_ptr<int64_t>();
+  return p;
+}
+
+IndexerWriteParams indexer_write_args(const at::Tensor& k, const at::Tensor& view,
+                                      const at::Tensor& slot_mapping, OptStr scale_fmt,
+                                      std::string_view placement, const char* k_arg,
+                                      const char* view_arg) {
+  IndexerWriteParams p{};
+  p.view = paged_view(view, view_arg);
+  p.placement = parse_placement(placement);
+  TORCH_CHECK_VALUE(!scale_fmt || *scale_fmt == "ue8m0",
+                    "scale_fmt must be None or \"ue8m0\", got \"", scale_fmt.value_or(""), "\"");
+  p.ue8m0 = scale_fmt.has_value();
+  p.num_tokens = check_slot_mapping(slot_mapping, view, view_arg);
+  p.dtype = input_dtype(k, k_arg, false);
+  check_rows(k, k_arg, p.num_tokens, {kIndexerDim});
+  check_same_device(k, k_arg, view, view_arg);
+  check_one_head(p.view, view_arg);
+  check_row_bytes(p.view, kIndexerRowBytes, view_arg, "indexer: 128 codes + fp32 scale");
+  p.k = k.data_ptr();
+  p.k_stride = k.stride(0);
+  p.slots = slot_mapping.data_ptr<int64_t>();
+  return p;
+}
+
+MlaGatherParams mla_gather_args(const at::Tensor& view, const GatherSource& src,
+                                std::string_view kv_cache_dtype, const at::Tensor& out) {
+  MlaGatherParams p{};
+  p.view = paged_view(view, "view");
+  check_one_head(p.view, "view");
+  const bool fp8 = parse_mla_dtype(kv_cache_dtype);
+  TORCH_CHECK_VALUE(out.dim() == 2, "out must be 2-D [T, row], got shape ", shape_str(out));
+  TORCH_CHECK_VALUE(out.size(0) == 0 || out.stride(1) == 1, "out must be contiguous in its last dimension");
+  check_same_device(out, "out", view, "view");
+  const int64_t cols = out.size(1);
+  if (fp8) {
+    check_row_bytes(p.view, kMlaFp8RowBytes, "view", "fp8_ds_mla");
+    if (out.scalar_type() == at::kByte) {
+      p.mode = MlaGatherMode::kCopyRow;
+      TORCH_CHECK_VALUE(cols == kMlaFp8RowBytes, "out must be [T, 656] for raw rows, got shape ",
+                        shape_str(out));
+    } else {
+      TORCH_CHECK_TYPE(out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kFloat,
+                       "out must be bfloat16, float32 or uint8 (raw rows), got ", out.scalar_type());
+      p.mode = out.scalar_type() == at::kFloat ? MlaGatherMode::kDequantF32
+                                               : MlaGatherMode::kDequantBf16;
+      TORCH_CHECK_VALUE(cols == kMlaDim, "out must be [T, 576], got shape ", shape_str(out));
+    }
+  } else {
+    p.mode = MlaGatherMode::kCopyRow;
+    TORCH_CHECK_VALUE(cols * out.element_size() == p.view.row_bytes && cols == kMlaDim,
+                      "out must be [T, 576] of the dtype the rows were written in (C = ",
+                      p.view.row_bytes, " bytes), got shape ", shape_str(out), " of ",
+                      out.scalar_type());
+  }
+  p.num_tokens = out.size(0);
+  p.src = token_source(src, view, p.num_tokens);
+  p.out = static_cast<uint8_t*>(out.data_ptr());
+  p.out_stride = out.stride(0) * out.element_size();
+  return p;
+}
+
+IndexerGatherParams indexer_gather_args(const at::Tensor& view, const GatherSource& src,
+                                        std::string_view placement, const at::Tensor& codes,
+                                        const at::Tensor& scales) {
+  IndexerGatherParams p{};
+  p.view = paged_view(view, "view");
+  check_one_head(p.view, "view");
+  check_row_bytes(p.view, kIndexerRowBytes, "view", "indexer: 128 codes + fp32 scale");
+  p.placement = parse_placement(placement);
+  TORCH_CHECK_TYPE(codes.scalar_type() == at::kByte, "codes must be uint8, got ", codes.scalar_type());
+  TORCH_CHECK_VALUE(codes.dim() == 2 && codes.size(1) == kIndexerDim,
+                    "codes must be [T, 128], got shape ", shape_str(codes));
+  TORCH_CHECK_VALUE(codes.size(0) == 0 || codes.stride(1) == 1, "codes must be contiguous in its last dimension");
+  TORCH_CHECK_TYPE(scales.scalar_type() == at::kFloat, "scales must be float32, got ",
+                   scales.scalar_type());
+  TORCH_CHECK_VALUE(scales.dim() == 1 && scales.size(0) == codes.size(0) && scales.is_contiguous(),
+                    "scales must be contiguous [T] with T = codes.size(0) = ", codes.size(0),
+                    ", got shape ", shape_str(scales));
+  check_same_device(codes, "codes", view, "view");
+  check_same_device(scales, "scales", view, "view");
+  p.num_tokens = codes.size(0);
+  p.src = token_source(src, view, p.num_tokens);
+  p.codes = codes.data_ptr<uint8_t>();
+  p.codes_stride = codes.stride(0);
+  p.scales = scales.data_ptr<float>();
+  return p;
+}
+
+void check_slots_in_range(const at::Tensor& slots, int64_t num_tokens, const PagedView& v,
+                          const char* arg, bool allow_negative) {
+  TORCH_INTERNAL_ASSERT(slots.device().is_cpu());
+  const int64_t* s = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    TORCH_CHECK_INDEX(s[t] < v.num_slots() && (allow_negative || s[t] >= 0), arg, "[", t, "] = ",
+                      s[t], " is outside [", allow_negative ? "-inf" : "0", ", num_blocks x block_size = ",
+                      v.num_slots(), ")");
+  }
+}
+
+void check_gather_source(const GatherSource& g, const PagedView& v, int64_t out_rows) {
+  if (g.slots) {
+    check_slots_in_range(*g.slots, g.slots->numel(), v, "slots");
+    return;
+  }
+  const at::Tensor& bt = *g.block_table;
+  const int64_t reqs = bt.size(0), width = bt.size(1);
+  const int32_t* cu = g.cu_seq_lens->data_ptr<int32_t>();
+  const int32_t* starts = g.seq_starts ? g.seq_starts->data_ptr<int32_t>() : nullptr;
+  TORCH_CHECK_VALUE(cu[0] == 0, "cu_seq_lens[0] must be 0, got ", cu[0]);
+  for (int64_t r = 0; r < reqs; ++r) {
+    TORCH_CHECK_VALUE(cu[r + 1] >= cu[r], "cu_seq_lens must be non-decreasing, got cu_seq_lens[",
+                      r, "] = ", cu[r], " > cu_seq_lens[", r + 1, "] = ", cu[r + 1]);
+  }
+  TORCH_CHECK_VALUE(cu[reqs] <= out_rows, "out must have at least cu_seq_lens[-1] = ", cu[reqs],
+                    " rows, got ", out_rows);
+  for (int64_t r = 0; r < reqs; ++r) {
+    const int64_t start = starts ? starts[r] : 0;
+    TORCH_CHECK_INDEX(start >= 0, "seq_starts[", r, "] must be >= 0, got ", start);
+    const int64_t end = start + cu[r + 1] - cu[r];
+    if (end == start) continue;
+    TORCH_CHECK_INDEX(end <= width * v.block_size, "cu_seq_lens: request ", r, " reads positions [",
+                      start, ", ", end, ") but block_table holds ", width, " blocks of ",
+                      v.block_size, " tokens");
+    const int32_t* row = bt.data_ptr<int32_t>() + r * bt.stride(0);
+    for (int64_t j = start / v.block_size; j <= (end - 1) / v.block_size; ++j) {
+      TORCH_CHECK_INDEX(row[j] >= 0 && row[j] < v.num_blocks, "block_table[", r, ", ", j, "] = ",
+                        row[j], " is outside [0, num_blocks = ", v.num_blocks, ")");
+    }
+  }
+}
+
+}  // namespace kvc

@@ -1,0 +1,45 @@
+// Argument checks shared by every backend: tensors in, kernel parameters out.
+// Errors name the argument and the expected value (ValueError / TypeError / IndexError).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string_view>
+
+#include "kernels.h"
+
+namespace kvc {
+
+using OptTensor = std::optional<at::Tensor>;
+using OptStr = std::optional<std::string_view>;
+
+PagedView paged_view(const at::Tensor& view, const char* arg);
+
+PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
+                                  const at::Tensor& slot_mapping, std::string_view kv_cache_dtype,
+                                  const OptTensor& scale);
+MlaWriteParams mla_write_args(const at::Tensor& kv_c, const at::Tensor& k_pe,
+                              const at::Tensor& view, const at::Tensor& slot_mapping,
+                              std::string_view kv_cache_dtype, const char* view_arg = "view");
+IndexerWriteParams indexer_write_args(const at::Tensor& k, const at::Tensor& view,
+                                      const at::Tensor& slot_mapping, OptStr scale_fmt,
+                                      std::string_view placement, const char* k_arg = "k",
+                                      const char* view_arg = "view");
+
+// Gathers read either through (block_table, cu_seq_lens, seq_starts) or explicit slots.
+struct GatherSource {
+  OptTensor block_table, cu_seq_lens, seq_starts, slots;
+};
+MlaGatherParams mla_gather_args(const at::Tensor& view, const GatherSource& src,
+                                std::string_view kv_cache_dtype, const at::Tensor& out);
+IndexerGatherParams indexer_gather_args(const at::Tensor& view, const GatherSource& src,
+                                        std::string_view placement, const at::Tensor& codes,
+                                        const at::Tensor& scales);
+
+// Host-side checks that read tensor values. They take CPU tensors (the CUDA backend copies
+// the small metadata tensors first) and run before anything is written.
+void check_slots_in_range(const at::Tensor& slot_mapping, int64_t num_tokens, const PagedView& v,
+                          const char* arg = "slot_mapping", bool allow_negative = true);
+void check_gather_source(const GatherSource& src, const PagedView& v, int64_t out_rows);
+
+}  // namespace kvc

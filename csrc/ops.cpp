@@ -1,0 +1,231 @@
+// Op implementations: validate, build kernel parameters, run on the tensors' device.
+// One function per op serves both backends; CPU calls are fully checked before the first write.
+#include <ATen/core/Tensor.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/library.h>
+
+#include <cstring>
+
+#include "nvtx.h"
+#include "op_args.h"
+
+namespace kvc {
+namespace {
+
+using at::Tensor;
+using S = c10::string_view;
+using OS = std::optional<c10::string_view>;
+
+std::string_view sv(S s) { return {s.data(), s.size()}; }
+OptStr osv(const OS& s) { return s ? OptStr(sv(*s)) : std::nullopt; }
+
+// The current stream of the tensor's device, as a cudaStream_t.
+void* stream_of(const Tensor& t) {
+  c10::impl::VirtualGuardImpl impl(t.device().type());
+  return impl.getStream(t.device()).native_handle();
+}
+
+[[noreturn]] void no_cuda() {
+  TORCH_CHECK(false, "kvcache_ext was built without CUDA kernels; rebuild with a CUDA torch and nvcc");
+}
+
+#if defined(KVC_WITH_CUDA)
+#define KVC_CUDA(call) call
+#else
+#define KVC_CUDA(call) no_cuda()
+#endif
+
+void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot_mapping,
+                       S kv_cache_dtype, const std::optional<Tensor>& scale) {
+  NvtxRange range("kvc::reshape_and_cache");
+  const PlainWriteParams p = plain_write_args(key, view, slot_mapping, sv(kv_cache_dtype), scale);
+  if (p.num_tokens == 0) return;
+  if (view.is_cpu()) {
+    check_slots_in_range(slot_mapping, p.num_tokens, p.view);
+    cpu::plain_write(p);
+  } else {
+    c10::DeviceGuard guard(view.device());
+    KVC_CUDA(cuda::plain_write(p, stream_of(view)));
+  }
+}
+
+void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& view,
+                          const Tensor& slot_mapping, S kv_cache_dtype) {
+  NvtxRange range("kvc::concat_and_cache_mla");
+  const MlaWriteParams p = mla_write_args(kv_c, k_pe, view, slot_mapping, sv(kv_cache_dtype));
+  if (p.num_tokens == 0) return;
+  if (view.is_cpu()) {
+    check_slots_in_range(slot_mapping, p.num_tokens, p.view);
+    cpu::mla_write(p);
+  } else {
+    c10::DeviceGuard guard(view.device());
+    KVC_CUDA(cuda::mla_write(p, stream_of(view)));
+  }
+}
+
+void indexer_k_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping,
+                               OS scale_fmt, S placement) {
+  NvtxRange range("kvc::indexer_k_quant_and_cache");
+  const IndexerWriteParams p =
+      indexer_write_args(k, view, slot_mapping, osv(scale_fmt), sv(placement));
+  if (p.num_tokens == 0) return;
+  if (view.is_cpu()) {
+    check_slots_in_range(slot_mapping, p.num_tokens, p.view);
+    cpu::indexer_write(p);
+  } else {
+    c10::DeviceGuard guard(view.device());
+    KVC_CUDA(cuda::indexer_write(p, stream_of(view)));
+  }
+}
+
+void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, const Tensor& k_idx,
+               const Tensor& indexer_view, const Tensor& slot_mapping, S kv_cache_dtype,
+               OS scale_fmt, S placement) {
+  NvtxRange range("kvc::dsa_write");
+  const MlaWriteParams mla =
+      mla_write_args(kv_c, k_pe, mla_view, slot_mapping, sv(kv_cache_dtype), "mla_view");
+  const IndexerWriteParams idx = indexer_write_args(k_idx, indexer_view, slot_mapping,
+                                                    osv(scale_fmt), sv(placement), "k_idx",
+                                                    "indexer_view");
+  TORCH_CHECK_TYPE(!mla.fp8 || k_idx.scalar_type() == kv_c.scalar_type(),
+                   "k_idx must have the dtype of kv_c (", kv_c.scalar_type(), "), got ",
+                   k_idx.scalar_type());
+  TORCH_CHECK_VALUE(mla.view.num_slots() == idx.view.num_slots(),
+                    "mla_view and indexer_view must share one block table (same num_blocks x "
+                    "block_size), got ", mla.view.num_slots(), " and ", idx.view.num_slots(), " slots");
+  if (mla.num_tokens == 0) return;
+  if (mla_view.is_cpu()) {
+    check_slots_in_range(slot_mapping, mla.num_tokens, mla.view);
+    cpu::mla_write(mla);
+    cpu::indexer_write(idx);
+  } else {
+    c10::DeviceGuard guard(mla_view.device());
+    KVC_CUDA(cuda::dsa_write(mla, idx, stream_of(mla_view)));
+  }
+}
+
+// CPU copies of the small metadata tensors a gather reads, for host-side validation.
+GatherSource on_cpu(const GatherSource& g) {
+  auto cpu = [](const std::optional<Tensor>& t) -> std::optional<Tensor> {
+    return t ? std::optional<Tensor>(t->cpu()) : std::nullopt;
+  };
+  return {cpu(g.block_table), cpu(g.cu_seq_lens), cpu(g.seq_starts), cpu(g.slots)};
+}
+
+void run_mla_gather(const Tensor& view, const GatherSource& src, S kv_cache_dtype,
+                    const Tensor& out, bool validate) {
+  const MlaGatherParams p = mla_gather_args(view, src, sv(kv_cache_dtype), out);
+  if (view.is_cpu()) {
+    check_gather_source(src, p.view, p.num_tokens);
+    if (p.num_tokens) cpu::mla_gather(p);
+  } else {
+    if (validate) check_gather_source(on_cpu(src), p.view, p.num_tokens);
+    c10::DeviceGuard guard(view.device());
+    if (p.num_tokens) KVC_CUDA(cuda::mla_gather(p, stream_of(view)));
+  }
+}
+
+void gather_mla(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
+                const std::optional<Tensor>& seq_starts, S kv_cache_dtype, const Tensor& out,
+                bool validate) {
+  NvtxRange range("kvc::gather_mla");
+  run_mla_gather(view, {block_table, cu_seq_lens, seq_starts, std::nullopt}, kv_cache_dtype, out,
+                 validate);
+}
+
+void gather_mla_slots(const Tensor& view, const Tensor& slots, S kv_cache_dtype, const Tensor& out,
+                      bool validate) {
+  NvtxRange range("kvc::gather_mla_slots");
+  run_mla_gather(view, {std::nullopt, std::nullopt, std::nullopt, slots}, kv_cache_dtype, out,
+                 validate);
+}
+
+void run_indexer_gather(const Tensor& view, const GatherSource& src, S placement,
+                        const Tensor& codes, const Tensor& scales, bool validate) {
+  const IndexerGatherParams p = indexer_gather_args(view, src, sv(placement), codes, scales);
+  if (view.is_cpu()) {
+    check_gather_source(src, p.view, p.num_tokens);
+    if (p.num_tokens) cpu::indexer_gather(p);
+  } else {
+    if (validate) check_gather_source(on_cpu(src), p.view, p.num_tokens);
+    c10::DeviceGuard guard(view.device());
+    if (p.num_tokens) KVC_CUDA(cuda::indexer_gather(p, stream_of(view)));
+  }
+}
+
+void gather_indexer(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
+                    const std::optional<Tensor>& seq_starts, S placement, const Tensor& codes,
+                    const Tensor& scales, bool validate) {
+  NvtxRange range("kvc::gather_indexer");
+  run_indexer_gather(view, {block_table, cu_seq_lens, seq_starts, std::nullopt}, placement, codes,
+                     scales, validate);
+}
+
+void gather_indexer_slots(const Tensor& view, const Tensor& slots, S placement,
+                          const Tensor& codes, const Tensor& scales, bool validate) {
+  NvtxRange range("kvc::gather_indexer_slots");
+  run_indexer_gather(view, {std::nullopt, std::nullopt, std::nullopt, slots}, placement, codes,
+                     scales, validate);
+}
+
+void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
+  NvtxRange range("kvc::copy_spans");
+  TORCH_CHECK_TYPE(src.scalar_type() == at::kByte && dst.scalar_type() == at::kByte,
+                   "src and dst must be uint8 buffers, got ", src.scalar_type(), " and ",
+                   dst.scalar_type());
+  TORCH_CHECK_VALUE(src.dim() == 1 && dst.dim() == 1 && src.is_contiguous() && dst.is_contiguous(),
+                    "src and dst must be contiguous 1-D buffers");
+  TORCH_CHECK_TYPE(spans.scalar_type() == at::kLong, "spans must be int64, got ", spans.scalar_type());
+  TORCH_CHECK_VALUE(spans.device().is_cpu() && spans.dim() == 2 && spans.size(1) == 3 &&
+                        spans.is_contiguous(),
+                    "spans must be a contiguous CPU tensor [S, 3], got shape ", spans.sizes(),
+                    " on ", spans.device());
+  const int64_t n = spans.size(0);
+  const int64_t* s = spans.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t a = s[3 * i], b = s[3 * i + 1], len = s[3 * i + 2];
+    TORCH_CHECK_INDEX(len >= 0 && a >= 0 && b >= 0 && a + len <= src.numel() && b + len <= dst.numel(),
+                      "spans[", i, "] = (", a, ", ", b, ", ", len, ") is outside src (", src.numel(),
+                      " bytes) or dst (", dst.numel(), " bytes)");
+  }
+  const uint8_t* from = src.data_ptr<uint8_t>();
+  uint8_t* to = dst.data_ptr<uint8_t>();
+  if (src.is_cpu() && dst.is_cpu()) {
+    for (int64_t i = 0; i < n; ++i) std::memcpy(to + s[3 * i + 1], from + s[3 * i], s[3 * i + 2]);
+    return;
+  }
+  const Tensor& gpu = dst.is_cpu() ? src : dst;
+  c10::DeviceGuard guard(gpu.device());
+  KVC_CUDA(cuda::copy_spans(from, to, s, n, stream_of(gpu)));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(kvcache_ext, CPU, m) {
+  m.impl("reshape_and_cache", &reshape_and_cache);
+  m.impl("concat_and_cache_mla", &concat_and_cache_mla);
+  m.impl("indexer_k_quant_and_cache", &indexer_k_quant_and_cache);
+  m.impl("dsa_write", &dsa_write);
+  m.impl("gather_mla", &gather_mla);
+  m.impl("gather_mla_slots", &gather_mla_slots);
+  m.impl("gather_indexer", &gather_indexer);
+  m.impl("gather_indexer_slots", &gather_indexer_slots);
+  m.impl("copy_spans", &copy_spans);
+}
+
+#if defined(KVC_WITH_CUDA)
+TORCH_LIBRARY_IMPL(kvcache_ext, CUDA, m) {
+  m.impl("reshape_and_cache", &reshape_and_cache);
+  m.impl("concat_and_cache_mla", &concat_and_cache_mla);
+  m.impl("indexer_k_quant_and_cache", &indexer_k_quant_and_cache);
+  m.impl("dsa_write", &dsa_write);
+  m.impl("gather_mla", &gather_mla);
+  m.impl("gather_mla_slots", &gather_mla_slots);
+  m.impl("gather_indexer", &gather_indexer);
+  m.impl("gather_indexer_slots", &gather_indexer_slots);
+  m.impl("copy_spans", &copy_spans);
+}
+#endif
+
+}  // namespace kvc

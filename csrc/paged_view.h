@@ -1,0 +1,107 @@
+// Index math of a paged cache view, written once for host and device.
+//
+// A kernel is handed one layer's view: uint8 [num_blocks, H, block_size, C] with arbitrary
+// strides (section 2 of the spec). Everything a kernel needs to turn (slot, head, byte) into
+// a byte address lives here; all arithmetic is 64-bit so buffers beyond 4 GiB work.
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KVC_HD __host__ __device__ __forceinline__
+#else
+#define KVC_HD inline
+#endif
+
+namespace kvc {
+
+struct PagedView {
+  uint8_t* base;  // address of (block 0, head 0, token 0, byte 0): the view's data_ptr
+  int64_t num_blocks;
+  int64_t num_heads;
+  int64_t block_size;
+  int64_t row_bytes;  // C
+  int64_t block_stride;
+  int64_t head_stride;
+  int64_t token_stride;
+
+  KVC_HD int64_t num_slots() const { return num_blocks * block_size; }
+  KVC_HD bool valid_slot(int64_t slot) const { return slot >= 0 && slot < num_slots(); }
+
+  // Byte offset of (slot, head, byte) from base. slot = block * block_size + position.
+  KVC_HD int64_t offset(int64_t slot, int64_t head = 0, int64_t byte = 0) const {
+    const int64_t block = slot / block_size;
+    const int64_t pos = slot - block * block_size;
+    return block * block_stride + head * head_stride + pos * token_stride + byte;
+  }
+  KVC_HD uint8_t* row(int64_t slot, int64_t head = 0) const { return base + offset(slot, head); }
+};
+
+// Indexer rows: 128 fp8 codes + one fp32 scale per token, H = 1, two placements in a page.
+constexpr int64_t kIndexerDim = 128;
+constexpr int64_t kIndexerRowBytes = kIndexerDim + 4;
+
+enum class IndexerPlacement : int32_t { kRow = 0, kSplit = 1 };
+
+struct IndexerAddress {
+  int64_t codes;  // byte offset of the 128 codes
+  int64_t scale;  // byte offset of the fp32 scale
+};
+
+// `row`: token n's 132 bytes at n * token_stride (codes then scale).
+// `split`: codes at n * 128, scales packed after all codes at block_size * 128 + 4 n.
+// Both need the page to be contiguous, which H = 1 guarantees (token_stride == 132).
+KVC_HD IndexerAddress indexer_address(const PagedView& v, int64_t slot, IndexerPlacement p) {
+  const int64_t block = slot / v.block_size;
+  const int64_t pos = slot - block * v.block_size;
+  const int64_t page = block * v.block_stride;
+  if (p == IndexerPlacement::kRow) {
+    const int64_t row = page + pos * v.token_stride;
+    return {row, row + kIndexerDim};
+  }
+  return {page + pos * kIndexerDim, page + v.block_size * kIndexerDim + 4 * pos};
+}
+
+// MLA fp8_ds_mla rows: 4 tiles of 128 fp8 codes, 4 fp32 scales, 64 bf16 rope values.
+constexpr int64_t kMlaLatentDim = 512;
+constexpr int64_t kMlaRopeDim = 64;
+constexpr int64_t kMlaDim = kMlaLatentDim + kMlaRopeDim;  // 576
+constexpr int64_t kMlaTile = 128;
+constexpr int64_t kMlaScalesOffset = kMlaLatentDim;        // 512
+constexpr int64_t kMlaRopeOffset = kMlaLatentDim + 16;     // 528
+constexpr int64_t kMlaFp8RowBytes = kMlaRopeOffset + 2 * kMlaRopeDim;  // 656
+
+// Tokens of a gather: either explicit slots, or requests read through a block table.
+struct TokenSource {
+  const int64_t* slots;        // explicit slots [T] (nullptr when reading a block table)
+  const int32_t* block_table;  // [num_reqs, max_blocks], row stride bt_stride
+  int64_t bt_stride;
+  int64_t max_blocks;
+  const int32_t* cu_seq_lens;  // [num_reqs + 1]
+  const int32_t* seq_starts;   // [num_reqs] or nullptr
+  int64_t num_reqs;
+
+  // Slot of output token t, or -1 when the token has no valid slot (padding, or entries a
+  // validated call would have rejected): readers then produce a zero row.
+  KVC_HD int64_t slot_of(int64_t t, const PagedView& v) const {
+    int64_t slot;
+    if (slots != nullptr) {
+      slot = slots[t];
+    } else {
+      int64_t lo = 0, hi = num_reqs;  // find r with cu[r] <= t < cu[r + 1]
+      if (num_reqs <= 0 || t >= cu_seq_lens[num_reqs]) return -1;
+      while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) / 2;
+        if (cu_seq_lens[mid] <= t) lo = mid; else hi = mid;
+      }
+      const int64_t pos = t - cu_seq_lens[lo] + (seq_starts ? seq_starts[lo] : 0);
+      const int64_t logical = pos / v.block_size;
+      if (pos < 0 || logical >= max_blocks) return -1;
+      const int64_t block = block_table[lo * bt_stride + logical];
+      if (block < 0 || block >= v.num_blocks) return -1;
+      slot = block * v.block_size + (pos - logical * v.block_size);
+    }
+    return v.valid_slot(slot) ? slot : -1;
+  }
+};
+
+}  // namespace kvc

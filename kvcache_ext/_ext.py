@@ -1,0 +1,13 @@
+"""Loads the compiled library, which registers the ops under torch.ops.kvcache_ext."""
+from __future__ import annotations
+
+import torch  # noqa: F401  (the library links against torch's shared libraries)
+
+from . import _C  # noqa: F401
+
+ops = torch.ops.kvcache_ext
+
+
+def has_cuda_kernels() -> bool:
+    """True when the library was built with its CUDA kernels."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("kvcache_ext::gather_mla", "CUDA")

@@ -1,0 +1,260 @@
+"""Layout planner: one flat uint8 buffer, many cache specs, six memory orders.
+
+A spec ("cache group") has logical shape [L, B, H, N, C] (layers, blocks, heads, tokens in a
+block, bytes per (token, head)). The layout names the memory order of those dimensions,
+outermost first. Layer-outer layouts store each spec as its own dense tensor, one after the
+other; block-outer layouts share the B dimension, so block b holds every spec's pages.
+All numbers here are plain Python ints (arbitrary precision, so > 4 GiB plans are exact).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import torch
+
+LAYOUTS: tuple[str, ...] = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+DEFAULT_LAYOUT = "LBNHC"
+_DIMS = "LBHNC"  # logical dimension names, in logical order
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """One cache group: `num_layers` layers of `num_heads` heads, `row_bytes` per (token, head)."""
+
+    name: str
+    row_bytes: int
+    num_layers: int = 1
+    num_heads: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"CacheSpec.name must be a non-empty string, got {self.name!r}")
+        for arg in ("row_bytes", "num_layers", "num_heads"):
+            value = getattr(self, arg)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"CacheSpec.{arg} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class KVCacheTensor:
+    """Where one spec's views live in the flat buffer (mirrors vLLM's KVCacheTensor)."""
+
+    size: int                 # bytes of the whole flat allocation (= plan.total_bytes)
+    layers: list[str]         # layer names, in layer order
+    layer_stride: int
+    block_stride: int
+    offset: int               # byte offset of layer 0, block 0, head 0, token 0
+    head_stride: int
+    token_stride: int
+    row_bytes: int            # C
+    num_heads: int
+
+    def address(self, layer: int, block: int, pos: int, head: int = 0, byte: int = 0) -> int:
+        return (self.offset + layer * self.layer_stride + block * self.block_stride
+                + head * self.head_stride + pos * self.token_stride + byte)
+
+
+def _check_positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def _dense_strides(order: str, sizes: dict[str, int]) -> dict[str, int]:
+    """Byte strides of a dense array whose dimensions are stored in `order` (outermost first)."""
+    strides: dict[str, int] = {}
+    step = 1
+    for dim in reversed(order):
+        strides[dim] = step
+        step *= sizes[dim]
+    return strides
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    specs: tuple[CacheSpec, ...]
+    num_blocks: int
+    block_size: int
+    layout: str
+    tensors: dict[str, KVCacheTensor] = field(repr=False)
+    total_bytes: int
+
+    @property
+    def block_outer(self) -> bool:
+        return self.layout[0] == "B"
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def spec(self, name: str) -> CacheSpec:
+        for s in self.specs:
+            if s.name == name:
+                return s
+        raise KeyError(f"no spec named {name!r}; the plan has {[s.name for s in self.specs]}")
+
+    def tensor(self, name: str) -> KVCacheTensor:
+        self.spec(name)
+        return self.tensors[name]
+
+    def page_bytes(self, name: str) -> int:
+        s = self.spec(name)
+        return self.block_size * s.num_heads * s.row_bytes
+
+    def _check_layer(self, name: str, layer: int) -> None:
+        n = self.spec(name).num_layers
+        if not 0 <= layer < n:
+            raise IndexError(f"layer must be in [0, {n}) for spec {name!r}, got {layer}")
+
+    def address(self, name: str, layer: int, slot: int, head: int = 0, byte: int = 0) -> int:
+        """Byte offset in the flat buffer of (spec, layer, slot, head, byte)."""
+        s = self.spec(name)
+        self._check_layer(name, layer)
+        if not 0 <= slot < self.num_slots:
+            raise IndexError(f"slot must be in [0, {self.num_slots}), got {slot}")
+        if not 0 <= head < s.num_heads:
+            raise IndexError(f"head must be in [0, {s.num_heads}), got {head}")
+        if not 0 <= byte < s.row_bytes:
+            raise IndexError(f"byte must be in [0, {s.row_bytes}), got {byte}")
+        block, pos = divmod(slot, self.block_size)
+        return self.tensors[name].address(layer, block, pos, head, byte)
+
+    def view(self, buffer: torch.Tensor, name: str, layer: int) -> torch.Tensor:
+        """uint8 [num_blocks, H, block_size, C] view of one layer of one spec inside `buffer`."""
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1:
+            raise TypeError(f"buffer must be a 1-D torch.uint8 tensor, got {buffer.dtype} "
+                            f"with shape {tuple(buffer.shape)}")
+        if buffer.numel() < self.total_bytes or buffer.stride(0) != 1:
+            raise ValueError(f"buffer must be contiguous and hold {self.total_bytes} bytes, "
+                             f"got {buffer.numel()}")
+        self._check_layer(name, layer)
+        s, t = self.spec(name), self.tensors[name]
+        return torch.as_strided(
+            buffer,
+            (self.num_blocks, s.num_heads, self.block_size, s.row_bytes),
+            (t.block_stride, t.head_stride, t.token_stride, 1),
+            buffer.storage_offset() + t.offset + layer * t.layer_stride,
+        )
+
+    def block_pieces(self) -> list[tuple[int, int, int]]:
+        """(start of block 0, bytes, stride between blocks) for every contiguous piece of a block.
+
+        A block's bytes in one spec are contiguous over the dimensions stored after B; the
+        dimensions stored before B (layers, and heads in LHBNC) each give a separate piece.
+        Block-outer layouts have one piece per spec, adjacent, so one span per block.
+        """
+        pieces = []
+        for s in self.specs:
+            t = self.tensors[s.name]
+            pre = self.layout[: self.layout.index("B")]
+            sizes = {"L": s.num_layers, "H": s.num_heads}
+            strides = {"L": t.layer_stride, "H": t.head_stride}
+            length = s.num_layers * s.num_heads * self.block_size * s.row_bytes
+            for d in pre:
+                length //= sizes[d]
+            starts = [t.offset]
+            for d in pre:
+                starts = [a + i * strides[d] for a in starts for i in range(sizes[d])]
+            pieces += [(a, length, t.block_stride) for a in starts]
+        return sorted(pieces)
+
+
+def plan_cache(specs: Iterable[CacheSpec], num_blocks: int, block_size: int,
+               layout: str = DEFAULT_LAYOUT) -> CachePlan:
+    """Lay out `specs` (sharing one block table) in one flat buffer."""
+    specs = tuple(specs)
+    if not specs:
+        raise ValueError("specs must hold at least one CacheSpec")
+    for s in specs:
+        if not isinstance(s, CacheSpec):
+            raise TypeError(f"specs must be CacheSpec objects, got {type(s).__name__}")
+    names = [s.name for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"spec names must be unique, duplicated: {dup}")
+    _check_positive("num_blocks", num_blocks)
+    _check_positive("block_size", block_size)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+    order = "".join(_DIMS[i] for i in _perm(layout))
+    block_outer = order[0] == "B"
+    per_block = [s.num_layers * s.num_heads * block_size * s.row_bytes for s in specs]
+    block_bytes = sum(per_block)
+    total = block_bytes * num_blocks
+
+    tensors: dict[str, KVCacheTensor] = {}
+    offset = 0
+    for s, spec_block_bytes in zip(specs, per_block):
+        sizes = {"L": s.num_layers, "B": num_blocks, "H": s.num_heads, "N": block_size,
+                 "C": s.row_bytes}
+        if block_outer:
+            st = _dense_strides(order[1:], sizes)
+            st["B"] = block_bytes
+            step = spec_block_bytes
+        else:
+            st = _dense_strides(order, sizes)
+            step = spec_block_bytes * num_blocks
+        tensors[s.name] = KVCacheTensor(
+            size=total, layers=[f"{s.name}.{i}" for i in range(s.num_layers)],
+            layer_stride=st["L"], block_stride=st["B"], offset=offset,
+            head_stride=st["H"], token_stride=st["N"], row_bytes=s.row_bytes,
+            num_heads=s.num_heads)
+        offset += step
+    return CachePlan(specs=specs, num_blocks=num_blocks, block_size=block_size, layout=layout,
+                     tensors=tensors, total_bytes=total)
+
+
+def _perm(layout: str) -> tuple[int, ...]:
+    return tuple(_DIMS.index(c) for c in layout)
+
+
+def layout_order(layout: str) -> tuple[int, ...]:
+    """The layout as a permutation of (L, B, H, N, C), e.g. LBNHC -> (0, 1, 3, 2, 4)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return _perm(layout)
+
+
+def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, block_size: int,
+                 req_indices: torch.Tensor | None = None) -> torch.Tensor:
+    """int64 [T] slots: block_table[req, pos // block_size] * block_size + pos % block_size."""
+    _check_positive("block_size", block_size)
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype not in (torch.int32,
+                                                                              torch.int64):
+        raise TypeError("block_table must be an int32 (or int64) tensor")
+    if not isinstance(positions, torch.Tensor) or positions.dtype not in (torch.int64,
+                                                                          torch.int32):
+        raise TypeError("positions must be an int64 (or int32) tensor")
+    if positions.dim() != 1:
+        raise ValueError(f"positions must be 1-D [T], got shape {tuple(positions.shape)}")
+    if block_table.dim() == 1:
+        block_table = block_table.unsqueeze(0)
+    if block_table.dim() != 2:
+        raise ValueError(f"block_table must be [R, M] or [M], got shape {tuple(block_table.shape)}")
+    rows, width = block_table.shape
+    if req_indices is None:
+        if rows != 1:
+            raise ValueError(f"req_indices is required when block_table has {rows} rows")
+        req_indices = torch.zeros_like(positions, dtype=torch.int64)
+    else:
+        if not isinstance(req_indices, torch.Tensor) or req_indices.dtype not in (torch.int64,
+                                                                                  torch.int32):
+            raise TypeError("req_indices must be an int64 (or int32) tensor")
+        if req_indices.shape != positions.shape:
+            raise ValueError(f"req_indices must have the shape of positions "
+                             f"{tuple(positions.shape)}, got {tuple(req_indices.shape)}")
+    positions = positions.to(torch.int64)
+    req_indices = req_indices.to(torch.int64)
+    if positions.numel():
+        if int(positions.min()) < 0:
+            raise IndexError("positions must be >= 0")
+        if int(positions.max()) >= width * block_size:
+            raise IndexError(f"positions must be < block_table width x block_size = "
+                             f"{width * block_size}, got {int(positions.max())}")
+        if int(req_indices.min()) < 0 or int(req_indices.max()) >= rows:
+            raise IndexError(f"req_indices must be in [0, {rows})")
+    blocks = block_table.to(torch.int64)[req_indices, positions // block_size]
+    return blocks * block_size + positions % block_size
+

@@ -1,0 +1,71 @@
+"""Whole-block copies between two caches of one plan (offload, prefix reuse, KV transfer).
+
+A block's bytes form one span per contiguous piece of the layout: one span per block in
+block-outer layouts, one per (spec, layer) -- or (spec, layer, head) in LHBNC -- in layer-outer
+ones. Runs of consecutive blocks whose spans continue in both caches are coalesced.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ._ext import ops as _ops
+from .cache import KVCache
+from .layout import CachePlan
+
+
+@dataclass(frozen=True)
+class CopyStats:
+    blocks: int
+    spans: int   # memcpy calls issued
+    bytes: int
+
+
+def block_spans(plan: CachePlan, block_mapping: torch.Tensor) -> torch.Tensor:
+    """int64 [S, 3] (src offset, dst offset, length) covering every (src, dst) block pair."""
+    mapping = _check_mapping(plan, block_mapping)
+    if mapping.shape[0] == 0:
+        return torch.zeros(0, 3, dtype=torch.int64)
+    pieces = torch.tensor(plan.block_pieces(), dtype=torch.int64)  # [P, 3] start, len, stride
+    start, length, stride = pieces[:, 0], pieces[:, 1], pieces[:, 2]
+    src = (start[None, :] + mapping[:, :1] * stride[None, :]).reshape(-1)
+    dst = (start[None, :] + mapping[:, 1:] * stride[None, :]).reshape(-1)
+    lens = length.repeat(mapping.shape[0])
+    order = torch.argsort(src, stable=True)
+    src, dst, lens = src[order], dst[order], lens[order]
+    # A span continues the previous one when it starts where that ended, in both buffers.
+    cont = torch.zeros_like(src, dtype=torch.bool)
+    cont[1:] = (src[1:] == src[:-1] + lens[:-1]) & (dst[1:] == dst[:-1] + lens[:-1])
+    run = torch.cumsum(~cont, 0) - 1
+    n = int(run[-1]) + 1
+    first = torch.nonzero(~cont).squeeze(1)
+    total = torch.zeros(n, dtype=torch.int64).index_add_(0, run, lens)
+    return torch.stack([src[first], dst[first], total], dim=1).contiguous()
+
+
+def copy_blocks(src: KVCache, dst: KVCache, block_mapping: torch.Tensor) -> CopyStats:
+    """Copy blocks src[block_mapping[i, 0]] -> dst[block_mapping[i, 1]], every spec and layer.
+
+    GPU<->GPU, GPU<->CPU (pinned for asynchrony) or CPU<->CPU; asynchronous on the current
+    stream when a GPU is involved.
+    """
+    if src.plan != dst.plan:
+        raise ValueError("src and dst must share one plan (same specs, blocks, layout)")
+    spans = block_spans(src.plan, block_mapping)
+    _ops.copy_spans(src.buffer, dst.buffer, spans)
+    return CopyStats(blocks=int(block_mapping.shape[0]) if block_mapping.dim() == 2 else 0,
+                     spans=int(spans.shape[0]), bytes=int(spans[:, 2].sum()) if len(spans) else 0)
+
+
+def _check_mapping(plan: CachePlan, block_mapping: torch.Tensor) -> torch.Tensor:
+    if not isinstance(block_mapping, torch.Tensor) or block_mapping.dtype not in (torch.int64,
+                                                                                  torch.int32):
+        raise TypeError("block_mapping must be an int64 (or int32) tensor [M, 2]")
+    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
+        raise ValueError(f"block_mapping must be [M, 2] (src, dst), got shape "
+                         f"{tuple(block_mapping.shape)}")
+    mapping = block_mapping.to("cpu", torch.int64)
+    if mapping.numel() and (int(mapping.min()) < 0 or int(mapping.max()) >= plan.num_blocks):
+        raise IndexError(f"block_mapping entries must be in [0, num_blocks = {plan.num_blocks})")
+    return mapping
