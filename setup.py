@@ -24,13 +24,22 @@ class CMakeExtension(Extension):
         super().__init__(name, sources=[])
 
 
+def cmake_executable() -> str:
+    """The cmake of the `cmake` Python package when installed (recent), else the one on PATH."""
+    try:
+        import cmake
+        return str(Path(cmake.CMAKE_BIN_DIR) / "cmake")
+    except (ImportError, AttributeError):
+        return "cmake"
+
+
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
         build_dir = Path(self.build_temp).resolve() / "cmake"
         build_dir.mkdir(parents=True, exist_ok=True)
         args = [
-            "cmake", "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
+            cmake_executable(), "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",
             f"-DPython3_EXECUTABLE={sys.executable}",
             f"-DCMAKE_LIBRARY_OUTPUT_DIRECTORY={out_dir}",
             "-DCMAKE_BUILD_TYPE=Release",
@@ -42,7 +51,7 @@ class CMakeBuild(build_ext):
             env["CUDA_HOME"] = "/usr/local/cuda"
         subprocess.check_call(args, env=env)
         jobs = env.get("MAX_JOBS") or str(os.cpu_count() or 1)
-        subprocess.check_call(["cmake", "--build", str(build_dir), "-j", jobs], env=env)
+        subprocess.check_call([cmake_executable(), "--build", str(build_dir), "-j", jobs], env=env)
 
 
 setup(

@@ -9,6 +9,12 @@ namespace {
 
 std::string shape_str(const at::Tensor& t) { return c10::str(t.sizes()); }
 
+// Data pointer, or nullptr for meta (fake) tensors, whose arguments are checked but never run.
+template <class T>
+T* ptr(const at::Tensor& t) {
+  return t.is_meta() ? nullptr : static_cast<T*>(t.data_ptr());
+}
+
 DType input_dtype(const at::Tensor& t, const char* arg, bool allow_fp32) {
   switch (t.scalar_type()) {
     case at::kBFloat16: return DType::kBFloat16;
@@ -85,7 +91,7 @@ const int32_t* int32_vector(const at::Tensor& t, const char* arg, int64_t n, con
                     " entries, got shape ", shape_str(t));
   TORCH_CHECK_VALUE(n == 0 || t.stride(0) == 1, arg, " must be contiguous");
   check_same_device(t, arg, view, "view");
-  return t.data_ptr<int32_t>();
+  return ptr<int32_t>(t);
 }
 
 TokenSource token_source(const GatherSource& g, const at::Tensor& view, int64_t out_rows) {
@@ -97,7 +103,7 @@ TokenSource token_source(const GatherSource& g, const at::Tensor& view, int64_t 
     TORCH_CHECK_VALUE(sl.numel() == out_rows, "out must have slots.numel() = ", sl.numel(),
                       " rows, got ", out_rows);
     check_same_device(sl, "slots", view, "view");
-    s.slots = sl.data_ptr<int64_t>();
+    s.slots = ptr<int64_t>(sl);
     return s;
   }
   TORCH_CHECK_VALUE(g.block_table && g.cu_seq_lens, "block_table and cu_seq_lens are required");
@@ -109,7 +115,7 @@ TokenSource token_source(const GatherSource& g, const at::Tensor& view, int64_t 
   TORCH_CHECK_VALUE(bt.size(1) <= 1 || bt.stride(1) == 1,
                     "block_table must be contiguous in its last dimension");
   check_same_device(bt, "block_table", view, "view");
-  s.block_table = bt.data_ptr<int32_t>();
+  s.block_table = ptr<int32_t>(bt);
   s.bt_stride = bt.stride(0);
   s.max_blocks = bt.size(1);
   s.num_reqs = bt.size(0);
@@ -130,7 +136,7 @@ PagedView paged_view(const at::Tensor& view, const char* arg) {
   for (int64_t i = 0; i < 3; ++i)
     TORCH_CHECK_VALUE(view.stride(i) >= 0, arg, " must not have negative strides");
   PagedView v{};
-  v.base = static_cast<uint8_t*>(view.data_ptr());
+  v.base = ptr<uint8_t>(view);
   v.num_blocks = view.size(0);
   v.num_heads = view.size(1);
   v.block_size = view.size(2);
@@ -168,12 +174,12 @@ PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
     TORCH_CHECK_VALUE(scale->numel() == 1, "scale must hold one value, got shape ",
                       shape_str(*scale));
     check_same_device(*scale, "scale", view, "view");
-    p.scale = scale->data_ptr<float>();
+    p.scale = ptr<float>(*scale);
   }
-  p.key = key.data_ptr();
+  p.key = ptr<void>(key);
   p.key_token_stride = key.stride(0);
   p.key_head_stride = key.stride(1);
-  p.slots = slot_mapping.data_ptr<int64_t>();
+  p.slots = ptr<int64_t>(slot_mapping);
   return p;
 }
 
@@ -196,11 +202,11 @@ MlaWriteParams mla_write_args(const at::Tensor& kv_c, const at::Tensor& k_pe,
     check_row_bytes(p.view, kMlaFp8RowBytes, view_arg, "fp8_ds_mla");
   else
     check_row_bytes(p.view, kMlaDim * dtype_size(p.dtype), view_arg, "576 values of kv_c's dtype");
-  p.kv_c = kv_c.data_ptr();
+  p.kv_c = ptr<void>(kv_c);
   p.kv_c_stride = kv_c.stride(0);
-  p.k_pe = k_pe.data_ptr();
+  p.k_pe = ptr<void>(k_pe);
   p.k_pe_stride = k_pe.stride(0);
-  p.slots = slot_mapping.data_ptr<int64_t>();
+  p.slots = ptr<int64_t>(slot_mapping);
   return p;
 }
 
@@ -220,9 +226,9 @@ IndexerWriteParams indexer_write_args(const at::Tensor& k, const at::Tensor& vie
   check_same_device(k, k_arg, view, view_arg);
   check_one_head(p.view, view_arg);
   check_row_bytes(p.view, kIndexerRowBytes, view_arg, "indexer: 128 codes + fp32 scale");
-  p.k = k.data_ptr();
+  p.k = ptr<void>(k);
   p.k_stride = k.stride(0);
-  p.slots = slot_mapping.data_ptr<int64_t>();
+  p.slots = ptr<int64_t>(slot_mapping);
   return p;
 }
 
@@ -258,7 +264,7 @@ MlaGatherParams mla_gather_args(const at::Tensor& view, const GatherSource& src,
   }
   p.num_tokens = out.size(0);
   p.src = token_source(src, view, p.num_tokens);
-  p.out = static_cast<uint8_t*>(out.data_ptr());
+  p.out = ptr<uint8_t>(out);
   p.out_stride = out.stride(0) * out.element_size();
   return p;
 }
@@ -284,16 +290,16 @@ IndexerGatherParams indexer_gather_args(const at::Tensor& view, const GatherSour
   check_same_device(scales, "scales", view, "view");
   p.num_tokens = codes.size(0);
   p.src = token_source(src, view, p.num_tokens);
-  p.codes = codes.data_ptr<uint8_t>();
+  p.codes = ptr<uint8_t>(codes);
   p.codes_stride = codes.stride(0);
-  p.scales = scales.data_ptr<float>();
+  p.scales = ptr<float>(scales);
   return p;
 }
 
 void check_slots_in_range(const at::Tensor& slots, int64_t num_tokens, const PagedView& v,
                           const char* arg, bool allow_negative) {
   TORCH_INTERNAL_ASSERT(slots.device().is_cpu());
-  const int64_t* s = slots.data_ptr<int64_t>();
+  const int64_t* s = ptr<int64_t>(slots);
   for (int64_t t = 0; t < num_tokens; ++t) {
     TORCH_CHECK_INDEX(s[t] < v.num_slots() && (allow_negative || s[t] >= 0), arg, "[", t, "] = ",
                       s[t], " is outside [", allow_negative ? "-inf" : "0", ", num_blocks x block_size = ",
@@ -325,7 +331,7 @@ void check_gather_source(const GatherSource& g, const PagedView& v, int64_t out_
     TORCH_CHECK_INDEX(end <= width * v.block_size, "cu_seq_lens: request ", r, " reads positions [",
                       start, ", ", end, ") but block_table holds ", width, " blocks of ",
                       v.block_size, " tokens");
-    const int32_t* row = bt.data_ptr<int32_t>() + r * bt.stride(0);
+    const int32_t* row = ptr<int32_t>(bt) + r * bt.stride(0);
     for (int64_t j = start / v.block_size; j <= (end - 1) / v.block_size; ++j) {
       TORCH_CHECK_INDEX(row[j] >= 0 && row[j] < v.num_blocks, "block_table[", r, ", ", j, "] = ",
                         row[j], " is outside [0, num_blocks = ", v.num_blocks, ")");

@@ -1,5 +1,6 @@
 // Op implementations: validate, build kernel parameters, run on the tensors' device.
-// One function per op serves both backends; CPU calls are fully checked before the first write.
+// One function per op serves CPU and CUDA; CPU calls are fully checked before the first write.
+// The fake (meta) implementations, which must handle symbolic shapes, live in kvcache_ext/fake.py.
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -40,7 +41,7 @@ void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot
                        S kv_cache_dtype, const std::optional<Tensor>& scale) {
   NvtxRange range("kvc::reshape_and_cache");
   const PlainWriteParams p = plain_write_args(key, view, slot_mapping, sv(kv_cache_dtype), scale);
-  if (p.num_tokens == 0) return;
+  if (p.num_tokens == 0 || view.is_meta()) return;
   if (view.is_cpu()) {
     check_slots_in_range(slot_mapping, p.num_tokens, p.view);
     cpu::plain_write(p);
@@ -54,7 +55,7 @@ void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& 
                           const Tensor& slot_mapping, S kv_cache_dtype) {
   NvtxRange range("kvc::concat_and_cache_mla");
   const MlaWriteParams p = mla_write_args(kv_c, k_pe, view, slot_mapping, sv(kv_cache_dtype));
-  if (p.num_tokens == 0) return;
+  if (p.num_tokens == 0 || view.is_meta()) return;
   if (view.is_cpu()) {
     check_slots_in_range(slot_mapping, p.num_tokens, p.view);
     cpu::mla_write(p);
@@ -69,7 +70,7 @@ void indexer_k_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor
   NvtxRange range("kvc::indexer_k_quant_and_cache");
   const IndexerWriteParams p =
       indexer_write_args(k, view, slot_mapping, osv(scale_fmt), sv(placement));
-  if (p.num_tokens == 0) return;
+  if (p.num_tokens == 0 || view.is_meta()) return;
   if (view.is_cpu()) {
     check_slots_in_range(slot_mapping, p.num_tokens, p.view);
     cpu::indexer_write(p);
@@ -94,7 +95,7 @@ void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, c
   TORCH_CHECK_VALUE(mla.view.num_slots() == idx.view.num_slots(),
                     "mla_view and indexer_view must share one block table (same num_blocks x "
                     "block_size), got ", mla.view.num_slots(), " and ", idx.view.num_slots(), " slots");
-  if (mla.num_tokens == 0) return;
+  if (mla.num_tokens == 0 || mla_view.is_meta()) return;
   if (mla_view.is_cpu()) {
     check_slots_in_range(slot_mapping, mla.num_tokens, mla.view);
     cpu::mla_write(mla);
@@ -116,11 +117,13 @@ GatherSource on_cpu(const GatherSource& g) {
 void run_mla_gather(const Tensor& view, const GatherSource& src, S kv_cache_dtype,
                     const Tensor& out, bool validate) {
   const MlaGatherParams p = mla_gather_args(view, src, sv(kv_cache_dtype), out);
+  if (view.is_meta()) return;
+  // Gathers write only their outputs and never read outside the view, so unvalidated calls
+  // are safe; validation turns bad metadata into an error instead of zero rows.
+  if (validate) check_gather_source(view.is_cpu() ? src : on_cpu(src), p.view, p.num_tokens);
   if (view.is_cpu()) {
-    check_gather_source(src, p.view, p.num_tokens);
     if (p.num_tokens) cpu::mla_gather(p);
   } else {
-    if (validate) check_gather_source(on_cpu(src), p.view, p.num_tokens);
     c10::DeviceGuard guard(view.device());
     if (p.num_tokens) KVC_CUDA(cuda::mla_gather(p, stream_of(view)));
   }
@@ -144,11 +147,13 @@ void gather_mla_slots(const Tensor& view, const Tensor& slots, S kv_cache_dtype,
 void run_indexer_gather(const Tensor& view, const GatherSource& src, S placement,
                         const Tensor& codes, const Tensor& scales, bool validate) {
   const IndexerGatherParams p = indexer_gather_args(view, src, sv(placement), codes, scales);
+  if (view.is_meta()) return;
+  // Gathers write only their outputs and never read outside the view, so unvalidated calls
+  // are safe; validation turns bad metadata into an error instead of zero rows.
+  if (validate) check_gather_source(view.is_cpu() ? src : on_cpu(src), p.view, p.num_tokens);
   if (view.is_cpu()) {
-    check_gather_source(src, p.view, p.num_tokens);
     if (p.num_tokens) cpu::indexer_gather(p);
   } else {
-    if (validate) check_gather_source(on_cpu(src), p.view, p.num_tokens);
     c10::DeviceGuard guard(view.device());
     if (p.num_tokens) KVC_CUDA(cuda::indexer_gather(p, stream_of(view)));
   }
@@ -181,6 +186,7 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
                         spans.is_contiguous(),
                     "spans must be a contiguous CPU tensor [S, 3], got shape ", spans.sizes(),
                     " on ", spans.device());
+  if (src.is_meta() || dst.is_meta()) return;
   const int64_t n = spans.size(0);
   const int64_t* s = spans.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
@@ -202,30 +208,20 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(kvcache_ext, CPU, m) {
-  m.impl("reshape_and_cache", &reshape_and_cache);
-  m.impl("concat_and_cache_mla", &concat_and_cache_mla);
-  m.impl("indexer_k_quant_and_cache", &indexer_k_quant_and_cache);
-  m.impl("dsa_write", &dsa_write);
-  m.impl("gather_mla", &gather_mla);
-  m.impl("gather_mla_slots", &gather_mla_slots);
-  m.impl("gather_indexer", &gather_indexer);
-  m.impl("gather_indexer_slots", &gather_indexer_slots);
-  m.impl("copy_spans", &copy_spans);
-}
+#define KVC_REGISTER_ALL(m)                                  \
+  m.impl("reshape_and_cache", &reshape_and_cache);           \
+  m.impl("concat_and_cache_mla", &concat_and_cache_mla);     \
+  m.impl("indexer_k_quant_and_cache", &indexer_k_quant_and_cache); \
+  m.impl("dsa_write", &dsa_write);                           \
+  m.impl("gather_mla", &gather_mla);                         \
+  m.impl("gather_mla_slots", &gather_mla_slots);             \
+  m.impl("gather_indexer", &gather_indexer);                 \
+  m.impl("gather_indexer_slots", &gather_indexer_slots);     \
+  m.impl("copy_spans", &copy_spans)
 
+TORCH_LIBRARY_IMPL(kvcache_ext, CPU, m) { KVC_REGISTER_ALL(m); }
 #if defined(KVC_WITH_CUDA)
-TORCH_LIBRARY_IMPL(kvcache_ext, CUDA, m) {
-  m.impl("reshape_and_cache", &reshape_and_cache);
-  m.impl("concat_and_cache_mla", &concat_and_cache_mla);
-  m.impl("indexer_k_quant_and_cache", &indexer_k_quant_and_cache);
-  m.impl("dsa_write", &dsa_write);
-  m.impl("gather_mla", &gather_mla);
-  m.impl("gather_mla_slots", &gather_mla_slots);
-  m.impl("gather_indexer", &gather_indexer);
-  m.impl("gather_indexer_slots", &gather_indexer_slots);
-  m.impl("copy_spans", &copy_spans);
-}
+TORCH_LIBRARY_IMPL(kvcache_ext, CUDA, m) { KVC_REGISTER_ALL(m); }
 #endif
 
 }  // namespace kvc

@@ -1,8 +1,8 @@
-// The op schemas (one TORCH_LIBRARY block), the fake/meta implementations, and the Python
-// module stub that lets `import kvcache_ext._C` load this library.
+// The op schemas (one TORCH_LIBRARY block) and the Python module stub that lets `import kvcache_ext._C` load this library.
 #include <Python.h>
 #include <torch/library.h>
 
+// Implementations: ops.cpp (CPU, CUDA); fake/meta ones in kvcache_ext/fake.py.
 TORCH_LIBRARY(kvcache_ext, m) {
   // Writes: the cache view is mutated in place; T = slot_mapping.numel(), slot < 0 is padding.
   m.def("reshape_and_cache(Tensor key, Tensor(a!) view, Tensor slot_mapping, "
@@ -25,29 +25,6 @@ TORCH_LIBRARY(kvcache_ext, m) {
         "Tensor(b!) scales, bool validate=True) -> ()");
   // Byte spans [S, 3] = (src offset, dst offset, length) between two flat buffers.
   m.def("copy_spans(Tensor src, Tensor(a!) dst, Tensor spans) -> ()");
-}
-
-namespace {
-// Every op mutates its outputs in place and returns nothing, so the fake implementation has
-// no shapes to compute.
-template <class... Args>
-void no_op(Args...) {}
-}  // namespace
-
-TORCH_LIBRARY_IMPL(kvcache_ext, Meta, m) {
-  using T = const at::Tensor&;
-  using OT = const std::optional<at::Tensor>&;
-  using S = c10::string_view;
-  using OS = std::optional<c10::string_view>;
-  m.impl("reshape_and_cache", &no_op<T, T, T, S, OT>);
-  m.impl("concat_and_cache_mla", &no_op<T, T, T, T, S>);
-  m.impl("indexer_k_quant_and_cache", &no_op<T, T, T, OS, S>);
-  m.impl("dsa_write", &no_op<T, T, T, T, T, T, S, OS, S>);
-  m.impl("gather_mla", &no_op<T, T, T, OT, S, T, bool>);
-  m.impl("gather_mla_slots", &no_op<T, T, S, T, bool>);
-  m.impl("gather_indexer", &no_op<T, T, T, OT, S, T, T, bool>);
-  m.impl("gather_indexer_slots", &no_op<T, T, S, T, T, bool>);
-  m.impl("copy_spans", &no_op<T, T, T>);
 }
 
 extern "C" PyObject* PyInit__C(void) {

@@ -4,7 +4,9 @@ from __future__ import annotations
 import torch  # noqa: F401  (the library links against torch's shared libraries)
 
 from . import _C  # noqa: F401
+from . import fake
 
+fake.register()
 ops = torch.ops.kvcache_ext
 
 

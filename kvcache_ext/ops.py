@@ -7,8 +7,9 @@ the view is skipped, never written.
 
 Gathers allocate their outputs unless `out=` is given. With `validate` (default: on unless the
 current stream is capturing a CUDA graph) the block table, lengths and slots are checked
-against the view first, which on CUDA costs one host synchronisation; without it, the kernels
-still never read outside the view and return zero rows for tokens without a valid slot.
+against the view first (CPU and CUDA; on CUDA it costs one host synchronisation); without it,
+the kernels still never read outside the view and return zero rows for tokens without a
+valid slot.
 """
 from __future__ import annotations
 

@@ -1,0 +1,75 @@
+"""Shared fixtures: devices to run on, and caches surrounded by guard bytes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import kvcache_ext as kvc
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+GUARD = 256  # bytes of poison on each side of the plan's buffer
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> str:
+    return request.param
+
+
+@dataclass
+class GuardedCache:
+    """A cache whose buffer sits inside a larger poisoned allocation.
+
+    `cache` is what ops write into; `expected` is a CPU copy of the same bytes that the
+    reference ops update. `assert_matches` compares every byte of both allocations, guard
+    bytes included, so a stray write anywhere shows.
+    """
+
+    plan: kvc.CachePlan
+    whole: torch.Tensor
+    cache: kvc.KVCache
+    whole_expected: torch.Tensor
+    expected: kvc.KVCache
+
+    def view(self, name: str, layer: int) -> torch.Tensor:
+        return self.cache.view(name, layer)
+
+    def expected_view(self, name: str, layer: int) -> torch.Tensor:
+        return self.expected.view(name, layer)
+
+    def assert_matches(self) -> None:
+        got, want = self.whole.cpu(), self.whole_expected
+        if not torch.equal(got, want):
+            diff = torch.nonzero(got != want).squeeze(1)
+            raise AssertionError(f"{diff.numel()} bytes differ, first at {diff[:8].tolist()} "
+                                 f"(guard = {GUARD}, plan bytes = {self.plan.total_bytes})")
+
+    def assert_unchanged(self) -> None:
+        """Nothing was written: the allocation still holds its poison."""
+        self.assert_matches()
+
+
+def guarded(plan: kvc.CachePlan, device: str = "cpu", seed: int = 0) -> GuardedCache:
+    g = torch.Generator().manual_seed(seed)
+    whole = torch.randint(0, 256, (plan.total_bytes + 2 * GUARD,), dtype=torch.uint8, generator=g)
+    expected_whole = whole.clone()
+    whole = whole.to(device)
+    cache = kvc.KVCache(plan, whole[GUARD:GUARD + plan.total_bytes])
+    expected = kvc.KVCache(plan, expected_whole[GUARD:GUARD + plan.total_bytes])
+    return GuardedCache(plan, whole, cache, expected_whole, expected)
+
+
+def dsa_plan(layout: str, block_size: int, num_blocks: int, layers: int = 2,
+             mla_row: int = 656) -> kvc.CachePlan:
+    specs = [kvc.CacheSpec("mla", mla_row, layers), kvc.CacheSpec("indexer", 132, layers)]
+    return kvc.plan_cache(specs, num_blocks=num_blocks, block_size=block_size, layout=layout)
+
+
+def random_slots(num_tokens: int, num_slots: int, seed: int = 0, pad_every: int = 0) -> torch.Tensor:
+    """Distinct random slots; every `pad_every`-th token is padding (-1)."""
+    g = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(num_slots, generator=g)[:num_tokens].to(torch.int64)
+    if pad_every:
+        slots[::pad_every] = -1
+    return slots

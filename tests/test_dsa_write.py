@@ -1,0 +1,241 @@
+"""DSA writes: fp8_ds_mla / auto MLA rows, indexer rows, and the fused one-launch write."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvcache_ext as kvc
+from kvcache_ext import reference as ref
+
+from conftest import dsa_plan, guarded, random_slots
+
+SIZES = [0, 1, 63, 4096]
+
+
+def inputs(num_tokens: int, seed: int, dtype=torch.bfloat16, extra_rows: int = 2):
+    """kv_c and k_pe as slices of one [T, 576] projection, as models produce them."""
+    g = torch.Generator().manual_seed(seed)
+    fused = (torch.randn(num_tokens + extra_rows, 576, generator=g) * 4).to(dtype)
+    k_idx = (torch.randn(num_tokens + extra_rows, 128, generator=g) * 2).to(dtype)
+    return fused[:, :512], fused[:, 512:], k_idx
+
+
+def plan_for(layout: str, block_size: int, num_tokens: int, mla_row: int = 656):
+    num_blocks = max(2, -(-(num_tokens + 50) // block_size))
+    return dsa_plan(layout, block_size, num_blocks, mla_row=mla_row)
+
+
+@pytest.mark.parametrize("layout", kvc.LAYOUTS)
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("num_tokens", SIZES)
+def test_mla_fp8_ds_mla(device, layout, block_size, num_tokens):
+    plan = plan_for(layout, block_size, num_tokens)
+    gc = guarded(plan, device, seed=num_tokens)
+    kv_c, k_pe, _ = inputs(num_tokens, block_size)
+    slots = random_slots(num_tokens, plan.num_slots, seed=7, pad_every=9)
+    kvc.ops.concat_and_cache_mla(kv_c.to(device), k_pe.to(device), gc.view("mla", 1),
+                                 slots.to(device))
+    ref.concat_and_cache_mla(kv_c, k_pe, gc.expected_view("mla", 1), slots)
+    gc.assert_matches()
+
+
+@pytest.mark.parametrize("layout", kvc.LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_mla_auto(device, layout, dtype):
+    plan = plan_for(layout, 16, 100, mla_row=576 * dtype.itemsize)
+    gc = guarded(plan, device)
+    kv_c, k_pe, _ = inputs(100, 3, dtype)
+    slots = random_slots(100, plan.num_slots, pad_every=4)
+    kvc.ops.concat_and_cache_mla(kv_c.to(device), k_pe.to(device), gc.view("mla", 0),
+                                 slots.to(device), "auto")
+    ref.concat_and_cache_mla(kv_c, k_pe, gc.expected_view("mla", 0), slots, "auto")
+    gc.assert_matches()
+
+
+def test_mla_fp16_input(device):
+    plan = plan_for("BLHNC", 16, 64)
+    gc = guarded(plan, device)
+    kv_c, k_pe, _ = inputs(64, 5, torch.float16)
+    slots = random_slots(64, plan.num_slots)
+    kvc.ops.concat_and_cache_mla(kv_c.to(device), k_pe.to(device), gc.view("mla", 0), slots.to(device))
+    ref.concat_and_cache_mla(kv_c, k_pe, gc.expected_view("mla", 0), slots)
+    gc.assert_matches()
+
+
+@pytest.mark.parametrize("layout", kvc.LAYOUTS)
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("num_tokens", SIZES)
+@pytest.mark.parametrize("placement", ["row", "split"])
+@pytest.mark.parametrize("scale_fmt", [None, "ue8m0"])
+def test_indexer(device, layout, block_size, num_tokens, placement, scale_fmt):
+    plan = plan_for(layout, block_size, num_tokens)
+    gc = guarded(plan, device, seed=block_size)
+    _, _, k = inputs(num_tokens, num_tokens)
+    slots = random_slots(num_tokens, plan.num_slots, seed=3, pad_every=7)
+    kvc.ops.indexer_k_quant_and_cache(k.to(device), gc.view("indexer", 1), slots.to(device),
+                                      scale_fmt, placement)
+    ref.indexer_k_quant_and_cache(k, gc.expected_view("indexer", 1), slots, scale_fmt, placement)
+    gc.assert_matches()
+
+
+@pytest.mark.parametrize("layout", kvc.LAYOUTS)
+@pytest.mark.parametrize("block_size", [1, 64])
+@pytest.mark.parametrize("placement", ["row", "split"])
+@pytest.mark.parametrize("scale_fmt", [None, "ue8m0"])
+def test_fused_dsa_write(device, layout, block_size, placement, scale_fmt):
+    plan = plan_for(layout, block_size, 300)
+    gc = guarded(plan, device)
+    kv_c, k_pe, k = inputs(300, 11)
+    slots = random_slots(300, plan.num_slots, seed=5, pad_every=13)
+    d = lambda t: t.to(device)  # noqa: E731
+    kvc.ops.dsa_write(d(kv_c), d(k_pe), gc.view("mla", 1), d(k), gc.view("indexer", 1), d(slots),
+                      "fp8_ds_mla", scale_fmt, placement)
+    ref.dsa_write(kv_c, k_pe, gc.expected_view("mla", 1), k, gc.expected_view("indexer", 1), slots,
+                  "fp8_ds_mla", scale_fmt, placement)
+    gc.assert_matches()
+
+
+EDGE_ROWS = {
+    "zeros": torch.zeros(576),
+    "tiny": torch.full((576,), 1e-30),
+    "saturate": torch.tensor([448.0, -448.0, 1e4, -1e4] * 144),
+    "mixed_inf_nan": torch.tensor([float("inf"), float("nan"), -float("inf"), 1.0] * 144),
+    "one_nan": torch.cat([torch.tensor([float("nan")]), torch.linspace(-3, 3, 575)]),
+    "subnormal_codes": torch.cat([torch.tensor([1000.0]), torch.full((575,), 0.01)]),
+}
+
+
+@pytest.mark.parametrize("case", EDGE_ROWS)
+def test_edge_values_all_paths_agree(device, case):
+    plan = plan_for("BLHNC", 16, 8)
+    gc = guarded(plan, device)
+    row = EDGE_ROWS[case].to(torch.bfloat16)
+    fused = torch.stack([row, row.flip(0)])
+    kv_c, k_pe, k = fused[:, :512], fused[:, 512:], fused[:, 100:228]
+    slots = torch.tensor([3, 17])
+    kvc.ops.dsa_write(kv_c.to(device), k_pe.to(device), gc.view("mla", 0), k.to(device),
+                      gc.view("indexer", 0), slots.to(device), "fp8_ds_mla", "ue8m0", "split")
+    ref.dsa_write(kv_c, k_pe, gc.expected_view("mla", 0), k, gc.expected_view("indexer", 0), slots,
+                  "fp8_ds_mla", "ue8m0", "split")
+    gc.assert_matches()
+
+
+def test_row_format_by_hand():
+    """One token spelled out byte by byte against SPEC 3."""
+    plan = dsa_plan("BLHNC", 64, 8)
+    cache = kvc.allocate(plan, fill=0)
+    kv_c = torch.zeros(1, 512, dtype=torch.bfloat16)
+    kv_c[0, 0], kv_c[0, 128], kv_c[0, 300] = 448.0, -2.0, 0.5   # tiles 0, 1, 2; tile 3 zero
+    k_pe = torch.arange(64, dtype=torch.bfloat16).view(1, 64)
+    kvc.ops.concat_and_cache_mla(kv_c, k_pe, cache.view("mla", 1), torch.tensor([322]))
+    row = cache.buffer[547616:547616 + 656]
+    scales = row[512:528].view(torch.float32)
+    want = torch.tensor([448.0, 2.0, 0.5, 0.0]) / 448.0
+    want[3] = torch.finfo(torch.float32).tiny
+    assert torch.equal(scales, want)
+    assert row[0] == 0x7E and row[128] == 0xFE and row[300] == 0x7E and row[1] == 0
+    assert torch.equal(row[528:].view(torch.bfloat16), k_pe[0])
+    k = torch.zeros(1, 128, dtype=torch.bfloat16)
+    k[0, 5] = -3.0
+    kvc.ops.indexer_k_quant_and_cache(k, cache.view("indexer", 1), torch.tensor([322]))
+    irow = cache.buffer[597000:597000 + 132]
+    assert irow[5] == 0xFE
+    assert torch.equal(irow[128:].view(torch.float32), torch.tensor([3.0]) / 448.0)
+
+
+# ---- bad inputs: an error naming the argument, and nothing written --------------------------
+def bad_setup(device):
+    plan = plan_for("BLHNC", 16, 32)
+    gc = guarded(plan, device)
+    kv_c, k_pe, k = inputs(32, 1)
+    return gc, kv_c.to(device), k_pe.to(device), k.to(device), torch.arange(32, device=device)
+
+
+MLA_BAD = [
+    (lambda a: a | {"kv_c": a["kv_c"].float(), "k_pe": a["k_pe"].float()}, TypeError, "kv_c must be"),
+    (lambda a: a | {"k_pe": a["k_pe"].half()}, TypeError, "k_pe must have the dtype"),
+    (lambda a: a | {"kv_c": a["kv_c"][:, :256]}, ValueError, r"kv_c.size\(1\) must be 512"),
+    (lambda a: a | {"k_pe": a["k_pe"][:, :32]}, ValueError, r"k_pe.size\(1\) must be 64"),
+    (lambda a: a | {"view": a["indexer_view"]}, ValueError, "view rows must be 656"),
+    (lambda a: a | {"slot_mapping": torch.cat([a["slot_mapping"]] * 2)}, ValueError, "kv_c must hold at least"),
+    (lambda a: a | {"kv_cache_dtype": "fp8"}, ValueError, "kv_cache_dtype"),
+    (lambda a: a | {"view": a["view"][:, :, :, :100]}, ValueError, "view rows must be 656"),
+]
+
+
+@pytest.mark.parametrize("mutate,exc,match", MLA_BAD)
+def test_mla_bad_inputs(device, mutate, exc, match):
+    gc, kv_c, k_pe, _, slots = bad_setup(device)
+    a = mutate({"kv_c": kv_c, "k_pe": k_pe, "view": gc.view("mla", 0), "slot_mapping": slots,
+                "kv_cache_dtype": "fp8_ds_mla", "indexer_view": gc.view("indexer", 0)})
+    a.pop("indexer_view")
+    with pytest.raises(exc, match=match):
+        kvc.ops.concat_and_cache_mla(**a)
+    gc.assert_unchanged()
+
+
+INDEXER_BAD = [
+    (lambda a: a | {"k": a["k"].float()}, TypeError, "k must be bfloat16 or float16"),
+    (lambda a: a | {"k": a["k"][:, :64]}, ValueError, r"k.size\(1\) must be 128"),
+    (lambda a: a | {"view": a["mla_view"]}, ValueError, "view rows must be 132"),
+    (lambda a: a | {"placement": "rows"}, ValueError, "placement"),
+    (lambda a: a | {"scale_fmt": "e8m0"}, ValueError, "scale_fmt"),
+    (lambda a: a | {"slot_mapping": a["slot_mapping"][:, None]}, ValueError, "slot_mapping must be 1-D"),
+]
+
+
+@pytest.mark.parametrize("mutate,exc,match", INDEXER_BAD)
+def test_indexer_bad_inputs(device, mutate, exc, match):
+    gc, _, _, k, slots = bad_setup(device)
+    a = mutate({"k": k, "view": gc.view("indexer", 0), "slot_mapping": slots, "scale_fmt": None,
+                "placement": "row", "mla_view": gc.view("mla", 0)})
+    a.pop("mla_view")
+    with pytest.raises(exc, match=match):
+        kvc.ops.indexer_k_quant_and_cache(**a)
+    gc.assert_unchanged()
+
+
+@pytest.mark.parametrize("op", ["mla", "indexer", "fused"])
+def test_slot_out_of_range_is_checked_before_writing(op):
+    gc, kv_c, k_pe, k, slots = bad_setup("cpu")
+    slots = slots.clone()
+    slots[20] = gc.plan.num_slots + 5
+    with pytest.raises(IndexError, match=r"slot_mapping\[20\]"):
+        if op == "mla":
+            kvc.ops.concat_and_cache_mla(kv_c, k_pe, gc.view("mla", 0), slots)
+        elif op == "indexer":
+            kvc.ops.indexer_k_quant_and_cache(k, gc.view("indexer", 0), slots)
+        else:
+            kvc.ops.dsa_write(kv_c, k_pe, gc.view("mla", 0), k, gc.view("indexer", 0), slots)
+    gc.assert_unchanged()
+
+
+def test_fused_views_must_share_the_block_table():
+    gc, kv_c, k_pe, k, slots = bad_setup("cpu")
+    other = dsa_plan("BLHNC", 16, 3)
+    small = kvc.allocate(other, fill=0)
+    with pytest.raises(ValueError, match="share one block table"):
+        kvc.ops.dsa_write(kv_c, k_pe, gc.view("mla", 0), k, small.view("indexer", 0), slots)
+    gc.assert_unchanged()
+
+
+def test_mismatched_devices():
+    gc, kv_c, k_pe, k, slots = bad_setup("cpu")
+    with pytest.raises(ValueError, match="kv_c must be on the device of view"):
+        kvc.ops.concat_and_cache_mla(kv_c.to("meta"), k_pe, gc.view("mla", 0), slots)
+    with pytest.raises(ValueError, match="slot_mapping must be on the device"):
+        kvc.ops.indexer_k_quant_and_cache(k, gc.view("indexer", 0), slots.to("meta"))
+    gc.assert_unchanged()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_out_of_range_slot_is_skipped_not_written():
+    gc, kv_c, k_pe, k, slots = bad_setup("cuda")
+    slots = slots.clone()
+    slots[5] = gc.plan.num_slots * 3
+    ok = slots.clone().cpu()
+    ok[5] = -1
+    kvc.ops.dsa_write(kv_c, k_pe, gc.view("mla", 0), k, gc.view("indexer", 0), slots)
+    ref.dsa_write(kv_c.cpu(), k_pe.cpu(), gc.expected_view("mla", 0), k.cpu(),
+                  gc.expected_view("indexer", 0), ok)
+    gc.assert_matches()

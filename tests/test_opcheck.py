@@ -1,0 +1,78 @@
+"""torch.library.opcheck on every op: schema (mutations declared), fake impls, autograd
+registration, and AOT dispatch (torch.compile's path)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvcache_ext as kvc
+from kvcache_ext import ops
+
+from conftest import dsa_plan
+
+OPS = torch.ops.kvcache_ext
+
+
+def cases(device: str):
+    plan = dsa_plan("BLHNC", 16, 8)
+    cache = kvc.allocate(plan, device=device, fill=0)
+    mla, idx = cache.view("mla", 1), cache.view("indexer", 1)
+    x = torch.randn(20, 576, dtype=torch.bfloat16, device=device)
+    k = torch.randn(20, 128, dtype=torch.bfloat16, device=device)
+    slots = torch.randperm(plan.num_slots, device=device)[:20]
+    slots[3] = -1
+    kv_plan = kvc.plan_cache([kvc.CacheSpec("k", 64, 1, 2)], 4, 16, "LBHNC")
+    kv_cache = kvc.allocate(kv_plan, device=device, fill=0)
+    key = torch.randn(20, 2, 32, dtype=torch.float16, device=device)
+    kv_slots = torch.randperm(kv_plan.num_slots, device=device)[:20]
+    table = torch.tensor([[3, 1, 0], [2, 5, 7]], dtype=torch.int32, device=device)
+    cu = torch.tensor([0, 40, 45], dtype=torch.int32, device=device)
+    u8 = lambda n, c: torch.empty(n, c, dtype=torch.uint8, device=device)  # noqa: E731
+    bf = torch.empty(45, 576, dtype=torch.bfloat16, device=device)
+    other = kvc.allocate(plan, device=device, fill=1)
+    spans = kvc.block_spans(plan, torch.tensor([[0, 1], [2, 3]]))
+    ops.concat_and_cache_mla(x[:, :512], x[:, 512:], mla, slots.clamp(min=0))
+    return {
+        "reshape_and_cache": (OPS.reshape_and_cache, (key, kv_cache.view("k", 0), kv_slots, "auto", None)),
+        "reshape_and_cache_fp8": (OPS.reshape_and_cache, (
+            key, kvc.allocate(kvc.plan_cache([kvc.CacheSpec("k", 32, 1, 2)], 4, 16), device=device,
+                              fill=0).view("k", 0), kv_slots, "fp8", torch.ones(1, device=device))),
+        "concat_and_cache_mla": (OPS.concat_and_cache_mla, (x[:, :512], x[:, 512:], mla, slots, "fp8_ds_mla")),
+        "indexer_k_quant_and_cache": (OPS.indexer_k_quant_and_cache, (k, idx, slots, "ue8m0", "split")),
+        "dsa_write": (OPS.dsa_write, (x[:, :512], x[:, 512:], mla, k, idx, slots, "fp8_ds_mla", None, "row")),
+        "gather_mla": (OPS.gather_mla, (mla, table, cu, None, "fp8_ds_mla", bf, True)),
+        "gather_mla_raw": (OPS.gather_mla, (mla, table, cu, None, "fp8_ds_mla", u8(45, 656), True)),
+        "gather_mla_slots": (OPS.gather_mla_slots, (mla, slots.clamp(min=0), "fp8_ds_mla", bf[:20], True)),
+        "gather_indexer": (OPS.gather_indexer, (idx, table, cu, None, "row", u8(45, 128),
+                                                torch.empty(45, device=device), True)),
+        "gather_indexer_slots": (OPS.gather_indexer_slots, (idx, slots, "split", u8(20, 128),
+                                                            torch.empty(20, device=device), True)),
+        "copy_spans": (OPS.copy_spans, (cache.buffer, other.buffer, spans)),
+    }
+
+
+NAMES = list(cases("cpu"))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_opcheck(device, name):
+    op, args = cases(device)[name]
+    torch.library.opcheck(op, args)
+
+
+def test_compiles_with_torch_compile():
+    plan = dsa_plan("LBNHC", 16, 8)
+    cache = kvc.allocate(plan, fill=0)
+    eager = kvc.allocate(plan, fill=0)
+    x = torch.randn(10, 576, dtype=torch.bfloat16)
+    k = torch.randn(10, 128, dtype=torch.bfloat16)
+    slots = torch.arange(10) * 3
+
+    # Model code receives its layer's views once, at start-up, and calls the op every step.
+    def step(mla_view: torch.Tensor, indexer_view: torch.Tensor) -> None:
+        ops.dsa_write(x[:, :512], x[:, 512:], mla_view, k, indexer_view, slots)
+
+    step(eager.view("mla", 0), eager.view("indexer", 0))
+    torch.compile(step, backend="aot_eager", fullgraph=True)(cache.view("mla", 0),
+                                                             cache.view("indexer", 0))
+    assert torch.equal(cache.buffer, eager.buffer)
