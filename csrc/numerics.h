@@ -51,27 +51,20 @@ constexpr float kFp8Max = 448.0f;
 constexpr float kFltMin = 1.17549435e-38f;  // FLT_MIN
 constexpr float kIndexerAmaxFloor = 1e-4f;
 
-// Software encoder: the reference for every path.
+// Software encoder, branch-free so CPU loops vectorize. Normal range: round the fp32 mantissa
+// to 3 bits (nearest even) by integer arithmetic. Subnormal range (|x| < 2^-6): adding 2^14
+// makes the FPU round at e4m3's 2^-9 step, nearest even, and the low bits are the code.
 KVC_HD uint8_t e4m3_encode_soft(float f) {
   const uint32_t bits = float_bits(f);
-  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t sign = (bits >> 24) & 0x80u;
   const uint32_t a = bits & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return 0x7F;                 // NaN
-  if (a >= 0x43E00000u) return sign | 0x7E;         // >= 448 (and inf): saturate
-  if (a >= 0x3C800000u) {                           // >= 2^-6: normal e4m3
-    const uint32_t r = a + 0x7FFFFu + ((a >> 20) & 1u);  // round to nearest even at bit 20
-    return sign | static_cast<uint8_t>((r >> 20) - (120u << 3));
-  }
-  // Subnormal e4m3: value = q * 2^-9, q in 0..8 (8 is the smallest normal, encoded 0x08).
-  const uint32_t exp = a >> 23;
-  if (exp < 117) return sign;                       // < 2^-10: rounds to zero
-  const uint32_t mant = (a & 0x7FFFFFu) | 0x800000u;
-  const uint32_t shift = 141u - exp;                // 21..24
-  uint32_t q = mant >> shift;
-  const uint32_t rem = mant & ((1u << shift) - 1u);
-  const uint32_t half = 1u << (shift - 1u);
-  if (rem > half || (rem == half && (q & 1u))) ++q;
-  return sign | static_cast<uint8_t>(q);
+  const uint32_t normal = ((a + 0x7FFFFu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  const uint32_t subnormal = float_bits(bits_float(a) + 16384.0f) - 0x46800000u;
+  uint32_t r = a < 0x3C800000u ? subnormal : normal;
+  r = a >= 0x43E00000u ? 0x7Eu : r;  // >= 448 and inf saturate
+  r |= sign;
+  r = a > 0x7F800000u ? 0x7Fu : r;   // NaN
+  return static_cast<uint8_t>(r);
 }
 
 KVC_HD uint8_t e4m3_encode(float f) {
@@ -83,21 +76,23 @@ KVC_HD uint8_t e4m3_encode(float f) {
 #endif
 }
 
-KVC_HD float e4m3_decode(uint8_t c) {
+KVC_HD float e4m3_decode(uint8_t c) {  // exact; NaN -> 0x7FC00000; branch-free
   const uint32_t sign = static_cast<uint32_t>(c & 0x80u) << 24;
   const uint32_t e = (c >> 3) & 0xFu;
   const uint32_t m = c & 0x7u;
-  if (e == 0xFu && m == 0x7u) return bits_float(0x7FC00000u);
-  if (e == 0) return bits_float(sign | float_bits(static_cast<float>(m) * 0.001953125f));  // m*2^-9
-  return bits_float(sign | ((e + 120u) << 23) | (m << 20));
+  const uint32_t normal = sign | ((e + 120u) << 23) | (m << 20);
+  const uint32_t subnormal = sign | float_bits(static_cast<float>(m) * 0.001953125f);  // m * 2^-9
+  uint32_t r = e == 0 ? subnormal : normal;
+  r = (c & 0x7Fu) == 0x7Fu ? 0x7FC00000u : r;
+  return bits_float(r);
 }
 
 KVC_HD float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
 KVC_HD uint16_t float_to_bf16(float f) {
   const uint32_t u = float_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : r);
 }
 
 KVC_HD float fp16_to_float(uint16_t h) {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "../kernels.h"
+#include "rows.h"
 
 namespace kvc::cpu {
 
@@ -36,15 +37,7 @@ void mla_gather(const MlaGatherParams& p) {
       for (int64_t k = 0; k < kMlaLatentDim / kMlaTile; ++k) {
         float scale;
         std::memcpy(&scale, row + kMlaScalesOffset + 4 * k, 4);
-        for (int64_t i = k * kMlaTile; i < (k + 1) * kMlaTile; ++i) {
-          const float v = e4m3_decode(row[i]) * scale;
-          if (bf16) {
-            const uint16_t h = float_to_bf16(v);
-            std::memcpy(out + 2 * i, &h, 2);
-          } else {
-            std::memcpy(out + 4 * i, &v, 4);
-          }
-        }
+        decode_row(row + k * kMlaTile, kMlaTile, scale, bf16, out + k * kMlaTile * (bf16 ? 2 : 4));
       }
       const uint8_t* rope = row + kMlaRopeOffset;
       if (bf16) {
