@@ -106,13 +106,18 @@ def cmd_demo(args: argparse.Namespace) -> None:
     run_demo(device=args.device, num_tokens=args.tokens)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, no usage block
+        self.exit(2, f"error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kvcache_ext", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="python -m kvcache_ext", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     lay = sub.add_parser("layout", help="views table, byte map and address walk of a plan")
-    lay.add_argument("--layout", action="append", choices=LAYOUTS,
-                     help="layout (repeat to compare two; default BLHNC)")
+    lay.add_argument("--layout", action="append",
+                     help=f"one of {', '.join(LAYOUTS)} (repeat to compare; default BLHNC)")
     lay.add_argument("--spec", action="append",
                      help="NAME:ROW_BYTES[:LAYERS[:HEADS]] (default mla:656 and indexer:132)")
     lay.add_argument("--layers", type=int, default=2, help="layers of specs that give none")
