@@ -9,10 +9,9 @@ namespace {
 
 std::string shape_str(const at::Tensor& t) { return c10::str(t.sizes()); }
 
-// Data pointer, or nullptr for meta (fake) tensors, whose arguments are checked but never run.
 template <class T>
 T* ptr(const at::Tensor& t) {
-  return t.is_meta() ? nullptr : static_cast<T*>(t.data_ptr());
+  return static_cast<T*>(t.data_ptr());
 }
 
 DType input_dtype(const at::Tensor& t, const char* arg, bool allow_fp32) {

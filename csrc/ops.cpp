@@ -41,7 +41,7 @@ void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot
                        S kv_cache_dtype, const std::optional<Tensor>& scale) {
   NvtxRange range("kvc::reshape_and_cache");
   const PlainWriteParams p = plain_write_args(key, view, slot_mapping, sv(kv_cache_dtype), scale);
-  if (p.num_tokens == 0 || view.is_meta()) return;
+  if (p.num_tokens == 0) return;
   if (view.is_cpu()) {
     check_slots_in_range(slot_mapping, p.num_tokens, p.view);
     cpu::plain_write(p);
@@ -55,7 +55,7 @@ void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& 
                           const Tensor& slot_mapping, S kv_cache_dtype) {
   NvtxRange range("kvc::concat_and_cache_mla");
   const MlaWriteParams p = mla_write_args(kv_c, k_pe, view, slot_mapping, sv(kv_cache_dtype));
-  if (p.num_tokens == 0 || view.is_meta()) return;
+  if (p.num_tokens == 0) return;
   if (view.is_cpu()) {
     check_slots_in_range(slot_mapping, p.num_tokens, p.view);
     cpu::mla_write(p);
@@ -70,7 +70,7 @@ void indexer_k_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor
   NvtxRange range("kvc::indexer_k_quant_and_cache");
   const IndexerWriteParams p =
       indexer_write_args(k, view, slot_mapping, osv(scale_fmt), sv(placement));
-  if (p.num_tokens == 0 || view.is_meta()) return;
+  if (p.num_tokens == 0) return;
   if (view.is_cpu()) {
     check_slots_in_range(slot_mapping, p.num_tokens, p.view);
     cpu::indexer_write(p);
@@ -95,7 +95,7 @@ void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, c
   TORCH_CHECK_VALUE(mla.view.num_slots() == idx.view.num_slots(),
                     "mla_view and indexer_view must share one block table (same num_blocks x "
                     "block_size), got ", mla.view.num_slots(), " and ", idx.view.num_slots(), " slots");
-  if (mla.num_tokens == 0 || mla_view.is_meta()) return;
+  if (mla.num_tokens == 0) return;
   if (mla_view.is_cpu()) {
     check_slots_in_range(slot_mapping, mla.num_tokens, mla.view);
     cpu::mla_write(mla);
@@ -114,19 +114,22 @@ GatherSource on_cpu(const GatherSource& g) {
   return {cpu(g.block_table), cpu(g.cu_seq_lens), cpu(g.seq_starts), cpu(g.slots)};
 }
 
+// Gathers write only their outputs and never read outside the view, so unvalidated calls are
+// safe; validation turns bad metadata into an error instead of zero rows.
+template <class Params, class CpuFn, class CudaFn>
+void run_gather(const Tensor& view, const GatherSource& src, const Params& p, bool validate,
+                CpuFn on_cpu_fn, CudaFn on_cuda_fn) {
+  if (validate) check_gather_source(view.is_cpu() ? src : on_cpu(src), p.view, p.num_tokens);
+  if (p.num_tokens == 0) return;
+  if (view.is_cpu()) return on_cpu_fn(p);
+  c10::DeviceGuard guard(view.device());
+  on_cuda_fn(p, stream_of(view));
+}
+
 void run_mla_gather(const Tensor& view, const GatherSource& src, S kv_cache_dtype,
                     const Tensor& out, bool validate) {
-  const MlaGatherParams p = mla_gather_args(view, src, sv(kv_cache_dtype), out);
-  if (view.is_meta()) return;
-  // Gathers write only their outputs and never read outside the view, so unvalidated calls
-  // are safe; validation turns bad metadata into an error instead of zero rows.
-  if (validate) check_gather_source(view.is_cpu() ? src : on_cpu(src), p.view, p.num_tokens);
-  if (view.is_cpu()) {
-    if (p.num_tokens) cpu::mla_gather(p);
-  } else {
-    c10::DeviceGuard guard(view.device());
-    if (p.num_tokens) KVC_CUDA(cuda::mla_gather(p, stream_of(view)));
-  }
+  run_gather(view, src, mla_gather_args(view, src, sv(kv_cache_dtype), out), validate,
+             cpu::mla_gather, [](const MlaGatherParams& p, void* s) { KVC_CUDA(cuda::mla_gather(p, s)); });
 }
 
 void gather_mla(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
@@ -146,17 +149,9 @@ void gather_mla_slots(const Tensor& view, const Tensor& slots, S kv_cache_dtype,
 
 void run_indexer_gather(const Tensor& view, const GatherSource& src, S placement,
                         const Tensor& codes, const Tensor& scales, bool validate) {
-  const IndexerGatherParams p = indexer_gather_args(view, src, sv(placement), codes, scales);
-  if (view.is_meta()) return;
-  // Gathers write only their outputs and never read outside the view, so unvalidated calls
-  // are safe; validation turns bad metadata into an error instead of zero rows.
-  if (validate) check_gather_source(view.is_cpu() ? src : on_cpu(src), p.view, p.num_tokens);
-  if (view.is_cpu()) {
-    if (p.num_tokens) cpu::indexer_gather(p);
-  } else {
-    c10::DeviceGuard guard(view.device());
-    if (p.num_tokens) KVC_CUDA(cuda::indexer_gather(p, stream_of(view)));
-  }
+  run_gather(view, src, indexer_gather_args(view, src, sv(placement), codes, scales), validate,
+             cpu::indexer_gather,
+             [](const IndexerGatherParams& p, void* s) { KVC_CUDA(cuda::indexer_gather(p, s)); });
 }
 
 void gather_indexer(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
@@ -186,7 +181,6 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
                         spans.is_contiguous(),
                     "spans must be a contiguous CPU tensor [S, 3], got shape ", spans.sizes(),
                     " on ", spans.device());
-  if (src.is_meta() || dst.is_meta()) return;
   const int64_t n = spans.size(0);
   const int64_t* s = spans.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {

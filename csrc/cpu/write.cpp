@@ -54,13 +54,17 @@ void plain_write(const PlainWriteParams& p) {
 
 void mla_write(const MlaWriteParams& p) {
   const int64_t es = dtype_size(p.dtype);
-  if (!p.fp8) {  // 512 then 64 values of the input dtype; kv_c and k_pe need not be adjacent
-    copy_rows(p.num_tokens, p.slots, p.view, 1, static_cast<const uint8_t*>(p.kv_c),
-              p.kv_c_stride * es, 0, kMlaLatentDim * es);
-    PagedView rope = p.view;
-    rope.base += kMlaLatentDim * es;
-    copy_rows(p.num_tokens, p.slots, rope, 1, static_cast<const uint8_t*>(p.k_pe),
-              p.k_pe_stride * es, 0, kMlaRopeDim * es);
+  if (!p.fp8) {  // 512 then 64 values of the input dtype, one pass over the rows
+    const auto* kv_c = static_cast<const uint8_t*>(p.kv_c);
+    const auto* k_pe = static_cast<const uint8_t*>(p.k_pe);
+    at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        if (!p.view.valid_slot(p.slots[t])) continue;
+        uint8_t* row = p.view.row(p.slots[t]);
+        std::memcpy(row, kv_c + t * p.kv_c_stride * es, kMlaLatentDim * es);
+        std::memcpy(row + kMlaLatentDim * es, k_pe + t * p.k_pe_stride * es, kMlaRopeDim * es);
+      }
+    });
     return;
   }
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {

@@ -1,0 +1,79 @@
+"""CUDA-only behaviour: capture in a CUDA graph (no host synchronisation inside the ops), and
+GPU results equal to the CPU kernels' bytes. Skipped without a GPU; benchmarks/gpu_check.sh
+runs them on one."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvcache_ext as kvc
+from kvcache_ext import reference as ref
+
+from conftest import dsa_plan
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+
+
+def test_writes_and_gathers_replay_in_a_graph():
+    plan = dsa_plan("BLHNC", 64, 16)
+    cache = kvc.allocate(plan, "cuda", fill=0)
+    mla, idx = cache.view("mla", 1), cache.view("indexer", 1)
+    t = 96
+    x = torch.zeros(t, 576, dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros(t, 128, dtype=torch.bfloat16, device="cuda")
+    slots = torch.zeros(t, dtype=torch.int64, device="cuda")
+    table = torch.zeros(1, 2, dtype=torch.int32, device="cuda")
+    cu = torch.tensor([0, t], dtype=torch.int32, device="cuda")
+    out = torch.empty(t, 576, dtype=torch.bfloat16, device="cuda")
+    codes = torch.empty(t, 128, dtype=torch.uint8, device="cuda")
+    scales = torch.empty(t, device="cuda")
+
+    def step():
+        kvc.ops.dsa_write(x[:, :512], x[:, 512:], mla, k, idx, slots)
+        kvc.ops.gather_mla(mla, table, cu, out=out)  # validate is off while capturing
+        kvc.ops.gather_indexer(idx, table, cu, out=(codes, scales))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    for seed in range(3):  # new inputs in the static buffers, then replay
+        g = torch.Generator().manual_seed(seed)
+        hx = (torch.randn(t, 576, generator=g) * 3).to(torch.bfloat16)
+        hk = torch.randn(t, 128, generator=g).to(torch.bfloat16)
+        blocks = torch.randperm(16, generator=g)[:2].to(torch.int32)
+        hslots = (blocks.repeat_interleave(64)[:t].to(torch.int64) * 64 + torch.arange(t) % 64)
+        x.copy_(hx)
+        k.copy_(hk)
+        slots.copy_(hslots)
+        table.copy_(blocks.view(1, 2))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = ref.mla_dequant(ref.mla_fp8_rows(hx[:, :512], hx[:, 512:]))
+        assert torch.equal(out.cpu().view(torch.int16), want.view(torch.int16))
+        wc, ws = ref.indexer_rows(hk)
+        assert torch.equal(codes.cpu(), wc) and torch.equal(scales.cpu(), ws)
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "BLHNC"])
+def test_cuda_and_cpu_kernels_give_the_same_bytes(layout):
+    plan = dsa_plan(layout, 16, 64)
+    on_gpu, on_cpu = kvc.allocate(plan, "cuda", fill=0x5A), kvc.allocate(plan, "cpu", fill=0x5A)
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(1000, 576, generator=g) * 10).to(torch.bfloat16)
+    x[::17, ::3] = float("nan")
+    x[::19, 5] = float("inf")
+    k = (torch.randn(1000, 128, generator=g) * 1e-3).to(torch.float16)
+    slots = torch.randperm(plan.num_slots, generator=g)[:1000]
+    for cache, dev in ((on_gpu, "cuda"), (on_cpu, "cpu")):
+        kvc.ops.dsa_write(x[:, :512].half().to(dev), x[:, 512:].half().to(dev), cache.view("mla", 0),
+                          k.to(dev), cache.view("indexer", 0), slots.to(dev), "fp8_ds_mla", "ue8m0",
+                          "split")
+        kvc.ops.concat_and_cache_mla(x[:, :512].to(dev), x[:, 512:].to(dev), cache.view("mla", 1),
+                                     slots.to(dev))
+    assert torch.equal(on_gpu.buffer.cpu(), on_cpu.buffer)
