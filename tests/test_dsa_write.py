@@ -239,3 +239,23 @@ def test_cuda_out_of_range_slot_is_skipped_not_written():
     ref.dsa_write(kv_c.cpu(), k_pe.cpu(), gc.expected_view("mla", 0), k.cpu(),
                   gc.expected_view("indexer", 0), ok)
     gc.assert_matches()
+
+
+def test_buffers_beyond_4_gib():
+    """64-bit addressing: rows past the 4 GiB mark land where plan.address says."""
+    plan = dsa_plan("LBNHC", 64, 60000)  # 6.05 GB; untouched pages cost no memory
+    assert plan.total_bytes > 1 << 32
+    cache = kvc.allocate(plan)
+    slots = torch.tensor([plan.num_slots - 1, plan.num_slots - 64, 59000 * 64 + 7])
+    kv_c, k_pe, k = inputs(3, 0)
+    kvc.ops.dsa_write(kv_c, k_pe, cache.view("mla", 1), k, cache.view("indexer", 1), slots)
+    rows = ref.mla_fp8_rows(kv_c[:3], k_pe[:3])
+    codes, scales = ref.indexer_rows(k[:3])
+    for i, slot in enumerate(slots.tolist()):
+        a = plan.address("mla", 1, slot)
+        assert a > 1 << 32
+        assert torch.equal(cache.buffer[a:a + 656], rows[i])
+        b = plan.address("indexer", 1, slot)
+        assert torch.equal(cache.buffer[b:b + 128], codes[i])
+    got = kvc.ops.gather_mla_slots(cache.view("mla", 1), slots, raw=True)
+    assert torch.equal(got, rows)

@@ -20,11 +20,14 @@ const uint8_t* elem(const void* base, int64_t index, DType t) {
 // Unquantized rows: straight byte copies of `bytes` per (token, head).
 void copy_rows(int64_t num_tokens, const int64_t* slots, const PagedView& v, int64_t heads,
                const uint8_t* src, int64_t token_stride, int64_t head_stride, int64_t bytes) {
+  // Heads adjacent in both the input and the view (NHC layouts): one copy per token.
+  const bool fused = v.head_stride == bytes && head_stride == bytes;
+  const int64_t n = fused ? 1 : heads, len = fused ? heads * bytes : bytes;
   at::parallel_for(0, num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       if (!v.valid_slot(slots[t])) continue;
-      for (int64_t h = 0; h < heads; ++h)
-        std::memcpy(v.row(slots[t], h), src + t * token_stride + h * head_stride, bytes);
+      for (int64_t h = 0; h < n; ++h)
+        std::memcpy(v.row(slots[t], h), src + t * token_stride + h * head_stride, len);
     }
   });
 }
