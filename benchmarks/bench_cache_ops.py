@@ -33,6 +33,8 @@ from kvcache_ext import reference as ref
 
 BLOCK = 64
 ROTATE_BYTES = 256 << 20  # inputs rotated through at least this much memory (> L2 on any GPU)
+MAX_SETS = 64             # ... or through this many input sets, whichever is fewer
+MIN_BLOCKS = 2048         # a serving-sized cache (~0.5 GB here): rows land in cold memory
 
 
 @dataclass
@@ -62,7 +64,8 @@ def sync(device: torch.device) -> None:
 
 def time_calls(fns: list[Callable[[], object]], device: torch.device, repeats: int,
                use_graph: bool) -> float:
-    """Median microseconds of one call; fns are rotated (each a call on other inputs)."""
+    """Median microseconds of one call; fns are rotated (each a call on other inputs). With
+    use_graph, one CUDA graph holds a call on every input set and is replayed."""
     for f in fns:  # warm-up
         f()
     sync(device)
@@ -76,7 +79,7 @@ def time_calls(fns: list[Callable[[], object]], device: torch.device, repeats: i
     per_launch = 1
     run = lambda i: fns[i % len(fns)]()  # noqa: E731
     if use_graph:
-        per_launch = max(len(fns), 16)
+        per_launch = len(fns)
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         with torch.cuda.stream(stream):
@@ -117,15 +120,17 @@ class Case:
     bytes: int
 
 
-def build_cases(layout: str, tokens: int, device: torch.device, gen: torch.Generator) -> list[Case]:
-    num_blocks = -(-tokens // BLOCK) + 4
+def build_cases(layout: str, tokens: int, device: torch.device,
+                gen: torch.Generator) -> tuple[list[Case], int]:
+    """The cases at one size, and how many input sets their calls rotate through."""
+    num_blocks = max(-(-tokens // BLOCK) + 4, MIN_BLOCKS)
     specs = [kvc.CacheSpec("mla", 656, 1), kvc.CacheSpec("indexer", 132, 1),
              kvc.CacheSpec("mla_auto", 1152, 1), kvc.CacheSpec("kv", 128 * 2, 1, 8)]
     plan = kvc.plan_cache(specs, num_blocks, BLOCK, layout)
     cache = kvc.allocate(plan, device, fill=0)
     mla, idx, auto, kvv = (cache.view(s.name, 0) for s in specs)
     per_call_in = tokens * (1152 + 256 + 2048 + 16)
-    sets = max(1, min(16, ROTATE_BYTES // max(per_call_in, 1)))
+    sets = max(2, min(MAX_SETS, ROTATE_BYTES // max(per_call_in, 1)))
     xs = [(torch.randn(tokens, 576, generator=gen) * 2).to(torch.bfloat16).to(device) for _ in range(sets)]
     ks = [torch.randn(tokens, 128, generator=gen).to(torch.bfloat16).to(device) for _ in range(sets)]
     keys = [torch.randn(tokens, 8, 128, generator=gen).to(torch.bfloat16).to(device) for _ in range(sets)]
@@ -146,7 +151,7 @@ def build_cases(layout: str, tokens: int, device: torch.device, gen: torch.Gener
     k = lambda i: ks[i % sets]  # noqa: E731
     t = tokens
     ops = kvc.ops
-    return [
+    return sets, [
         Case("reshape_and_cache", lambda i: ops.reshape_and_cache(keys[i % sets], kvv, s(i)),
              lambda i: ref.reshape_and_cache(keys[i % sets], kvv, s(i)), t * (2048 * 2 + 8)),
         Case("concat_and_cache_mla", lambda i: ops.concat_and_cache_mla(x(i)[:, :512], x(i)[:, 512:], mla, s(i)),
@@ -292,9 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     for layout in args.layouts.split(","):
         for tokens in sizes:
             graph = device.type == "cuda" and tokens <= 512
-            for case in build_cases(layout, tokens, device, gen):
+            sets, cases = build_cases(layout, tokens, device, gen)
+            for case in cases:
                 with nvtx(f"{case.name} {layout} T={tokens}"):
-                    us = time_calls([lambda i=i: case.kernel(i) for i in range(4)], device, repeats, graph)
+                    calls = [lambda i=i: case.kernel(i) for i in range(sets)]
+                    us = time_calls(calls, device, repeats, graph)
                     torch_us = compiled_us = None
                     if case.torch_path is not None and (tokens <= 16384 or not quick):
                         torch_us = time_calls([lambda: case.torch_path(0)], device,
