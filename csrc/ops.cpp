@@ -37,47 +37,42 @@ void* stream_of(const Tensor& t) {
 #define KVC_CUDA(call) no_cuda()
 #endif
 
-void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot_mapping,
-                       S kv_cache_dtype, const std::optional<Tensor>& scale) {
-  NvtxRange range("kvc::reshape_and_cache");
-  const PlainWriteParams p = plain_write_args(key, view, slot_mapping, sv(kv_cache_dtype), scale);
+// Writes: CPU checks every slot before the first byte is written; CUDA never synchronises,
+// its kernels skip slots outside the view.
+template <class Params, class CpuFn, class CudaFn>
+void run_write(const Tensor& view, const Tensor& slot_mapping, const Params& p, CpuFn on_cpu_fn,
+               CudaFn on_cuda_fn) {
   if (p.num_tokens == 0) return;
   if (view.is_cpu()) {
     check_slots_in_range(slot_mapping, p.num_tokens, p.view);
-    cpu::plain_write(p);
-  } else {
-    c10::DeviceGuard guard(view.device());
-    KVC_CUDA(cuda::plain_write(p, stream_of(view)));
+    return on_cpu_fn(p);
   }
+  c10::DeviceGuard guard(view.device());
+  on_cuda_fn(p, stream_of(view));
+}
+
+void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot_mapping,
+                       S kv_cache_dtype, const std::optional<Tensor>& scale) {
+  NvtxRange range("kvc::reshape_and_cache");
+  run_write(view, slot_mapping, plain_write_args(key, view, slot_mapping, sv(kv_cache_dtype), scale),
+            cpu::plain_write,
+            [](const PlainWriteParams& p, void* s) { KVC_CUDA(cuda::plain_write(p, s)); });
 }
 
 void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& view,
                           const Tensor& slot_mapping, S kv_cache_dtype) {
   NvtxRange range("kvc::concat_and_cache_mla");
-  const MlaWriteParams p = mla_write_args(kv_c, k_pe, view, slot_mapping, sv(kv_cache_dtype));
-  if (p.num_tokens == 0) return;
-  if (view.is_cpu()) {
-    check_slots_in_range(slot_mapping, p.num_tokens, p.view);
-    cpu::mla_write(p);
-  } else {
-    c10::DeviceGuard guard(view.device());
-    KVC_CUDA(cuda::mla_write(p, stream_of(view)));
-  }
+  run_write(view, slot_mapping, mla_write_args(kv_c, k_pe, view, slot_mapping, sv(kv_cache_dtype)),
+            cpu::mla_write, [](const MlaWriteParams& p, void* s) { KVC_CUDA(cuda::mla_write(p, s)); });
 }
 
 void indexer_k_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping,
                                OS scale_fmt, S placement) {
   NvtxRange range("kvc::indexer_k_quant_and_cache");
-  const IndexerWriteParams p =
-      indexer_write_args(k, view, slot_mapping, osv(scale_fmt), sv(placement));
-  if (p.num_tokens == 0) return;
-  if (view.is_cpu()) {
-    check_slots_in_range(slot_mapping, p.num_tokens, p.view);
-    cpu::indexer_write(p);
-  } else {
-    c10::DeviceGuard guard(view.device());
-    KVC_CUDA(cuda::indexer_write(p, stream_of(view)));
-  }
+  run_write(view, slot_mapping,
+            indexer_write_args(k, view, slot_mapping, osv(scale_fmt), sv(placement)),
+            cpu::indexer_write,
+            [](const IndexerWriteParams& p, void* s) { KVC_CUDA(cuda::indexer_write(p, s)); });
 }
 
 void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, const Tensor& k_idx,
@@ -95,15 +90,9 @@ void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, c
   TORCH_CHECK_VALUE(mla.view.num_slots() == idx.view.num_slots(),
                     "mla_view and indexer_view must share one block table (same num_blocks x "
                     "block_size), got ", mla.view.num_slots(), " and ", idx.view.num_slots(), " slots");
-  if (mla.num_tokens == 0) return;
-  if (mla_view.is_cpu()) {
-    check_slots_in_range(slot_mapping, mla.num_tokens, mla.view);
-    cpu::mla_write(mla);
-    cpu::indexer_write(idx);
-  } else {
-    c10::DeviceGuard guard(mla_view.device());
-    KVC_CUDA(cuda::dsa_write(mla, idx, stream_of(mla_view)));
-  }
+  run_write(mla_view, slot_mapping, mla,
+            [&](const MlaWriteParams& p) { cpu::mla_write(p); cpu::indexer_write(idx); },
+            [&](const MlaWriteParams& p, void* s) { KVC_CUDA(cuda::dsa_write(p, idx, s)); });
 }
 
 // CPU copies of the small metadata tensors a gather reads, for host-side validation.
