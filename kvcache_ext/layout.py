@@ -137,27 +137,35 @@ class CachePlan:
             buffer.storage_offset() + t.offset + layer * t.layer_stride,
         )
 
-    def block_pieces(self) -> list[tuple[int, int, int]]:
-        """(start of block 0, bytes, stride between blocks) for every contiguous piece of a block.
+    def block_pages(self) -> list[BlockPage]:
+        """The pages of block 0 in address order; block b's are `block_stride * b` further on.
 
-        A block's bytes in one spec are contiguous over the dimensions stored after B; the
-        dimensions stored before B (layers, and heads in LHBNC) each give a separate piece.
-        Block-outer layouts have one piece per spec, adjacent, so one span per block.
+        A (spec, layer) page is contiguous when heads are stored inside the layer and the block
+        (H after L and B in the layout); in LHBNC and BHLNC each head's N x C bytes are a page.
         """
-        pieces = []
+        pages = []
         for s in self.specs:
             t = self.tensors[s.name]
-            pre = self.layout[: self.layout.index("B")]
-            sizes = {"L": s.num_layers, "H": s.num_heads}
-            strides = {"L": t.layer_stride, "H": t.head_stride}
-            length = s.num_layers * s.num_heads * self.block_size * s.row_bytes
-            for d in pre:
-                length //= sizes[d]
-            starts = [t.offset]
-            for d in pre:
-                starts = [a + i * strides[d] for a in starts for i in range(sizes[d])]
-            pieces += [(a, length, t.block_stride) for a in starts]
-        return sorted(pieces)
+            whole = self.layout.index("H") > max(self.layout.index("L"), self.layout.index("B"))
+            heads: list[int | None] = [None] if whole else list(range(s.num_heads))
+            length = self.block_size * s.row_bytes * (s.num_heads if whole else 1)
+            for layer in range(s.num_layers):
+                for h in heads:
+                    start = t.offset + layer * t.layer_stride + (h or 0) * t.head_stride
+                    pages.append(BlockPage(s.name, layer, h, start, length, t.block_stride))
+        return sorted(pages, key=lambda pg: pg.start)
+
+
+@dataclass(frozen=True)
+class BlockPage:
+    """Contiguous bytes of one block: (spec, layer[, head]), at `start + block * block_stride`."""
+
+    spec: str
+    layer: int
+    head: int | None  # None: the page holds every head
+    start: int        # in block 0
+    length: int
+    block_stride: int
 
 
 def plan_cache(specs: Iterable[CacheSpec], num_blocks: int, block_size: int,

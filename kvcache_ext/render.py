@@ -53,19 +53,9 @@ class Walk:
 
 
 def block_regions(plan: CachePlan, block: int) -> list[Region]:
-    """The pieces of physical block `block`, in address order."""
-    out = []
-    for s in plan.specs:
-        t = plan.tensor(s.name)
-        # Heads lie outside the block's contiguous bytes only in LHBNC.
-        per_head = plan.layout == "LHBNC" and s.num_heads > 1
-        for layer in range(s.num_layers):
-            heads = range(s.num_heads) if per_head else [None]
-            for h in heads:
-                start = t.address(layer, block, 0, h or 0)
-                length = plan.block_size * s.row_bytes * (1 if per_head else s.num_heads)
-                out.append(Region(start, start + length, s.name, layer, h))
-    return sorted(out, key=lambda r: r.start)
+    """The pages of physical block `block`, in address order."""
+    return [Region(pg.start + block * pg.block_stride, pg.start + block * pg.block_stride + pg.length,
+                   pg.spec, pg.layer, pg.head) for pg in plan.block_pages()]
 
 
 def address_walk(plan: CachePlan, token: int, block_table: list[int], layer: int) -> Walk:

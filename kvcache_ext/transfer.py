@@ -1,8 +1,8 @@
 """Whole-block copies between two caches of one plan (offload, prefix reuse, KV transfer).
 
-A block's bytes form one span per contiguous piece of the layout: one span per block in
-block-outer layouts, one per (spec, layer) -- or (spec, layer, head) in LHBNC -- in layer-outer
-ones. Runs of consecutive blocks whose spans continue in both caches are coalesced.
+A block's bytes are its pages (CachePlan.block_pages); adjacent pages merge, so a block is one
+span in block-outer layouts and one per (spec, layer) -- (spec, layer, head) in LHBNC -- in
+layer-outer ones. Runs of consecutive blocks whose spans continue in both caches are coalesced.
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ def block_spans(plan: CachePlan, block_mapping: torch.Tensor) -> torch.Tensor:
     mapping = _check_mapping(plan, block_mapping)
     if mapping.shape[0] == 0:
         return torch.zeros(0, 3, dtype=torch.int64)
-    pieces = torch.tensor(plan.block_pieces(), dtype=torch.int64)  # [P, 3] start, len, stride
+    pieces = torch.tensor([(pg.start, pg.length, pg.block_stride) for pg in plan.block_pages()],
+                          dtype=torch.int64)  # [P, 3]: start in block 0, length, block stride
     start, length, stride = pieces[:, 0], pieces[:, 1], pieces[:, 2]
     src = (start[None, :] + mapping[:, :1] * stride[None, :]).reshape(-1)
     dst = (start[None, :] + mapping[:, 1:] * stride[None, :]).reshape(-1)

@@ -161,3 +161,57 @@ def test_slot_mapping():
         kvc.slot_mapping(bt, torch.tensor([12]), 4, torch.tensor([0]))
     with pytest.raises(ValueError, match="positions"):
         kvc.slot_mapping(bt, pos.view(5, 1), 4, req)
+
+
+@pytest.mark.parametrize("layout", kvc.LAYOUTS)
+@pytest.mark.parametrize("mix", range(len(SPEC_MIXES)))
+def test_block_pages_tile_the_buffer_and_hold_what_they_say(layout, mix):
+    plan = kvc.plan_cache(SPEC_MIXES[mix], num_blocks=3, block_size=4, layout=layout)
+    # For every byte: which (spec, layer, head, block) owns it, through the views.
+    owner = {k: torch.full((plan.total_bytes,), -1, dtype=torch.int64) for k in "slhb"}
+    for si, s in enumerate(plan.specs):
+        t = plan.tensor(s.name)
+        for layer in range(s.num_layers):
+            shape = (plan.num_blocks, s.num_heads, plan.block_size, s.row_bytes)
+            for key, value in (("s", si), ("l", layer)):
+                torch.as_strided(owner[key], shape, (t.block_stride, t.head_stride, t.token_stride, 1),
+                                 t.offset + layer * t.layer_stride).fill_(value)
+            v = torch.as_strided(owner["h"], shape, (t.block_stride, t.head_stride, t.token_stride, 1),
+                                 t.offset + layer * t.layer_stride)
+            v.copy_(torch.arange(s.num_heads).view(1, -1, 1, 1).expand(shape))
+            v = torch.as_strided(owner["b"], shape, (t.block_stride, t.head_stride, t.token_stride, 1),
+                                 t.offset + layer * t.layer_stride)
+            v.copy_(torch.arange(plan.num_blocks).view(-1, 1, 1, 1).expand(shape))
+    seen = torch.zeros(plan.total_bytes, dtype=torch.int32)
+    names = [s.name for s in plan.specs]
+    for block in range(plan.num_blocks):
+        for pg in plan.block_pages():
+            a = pg.start + block * pg.block_stride
+            span = slice(a, a + pg.length)
+            seen[span] += 1
+            assert torch.all(owner["s"][span] == names.index(pg.spec))
+            assert torch.all(owner["l"][span] == pg.layer)
+            assert torch.all(owner["b"][span] == block)
+            if pg.head is not None:
+                assert torch.all(owner["h"][span] == pg.head)
+    assert torch.all(seen == 1)
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+spec_st = st.builds(lambda i, c, l, h: kvc.CacheSpec(f"s{i}", c, l, h), st.integers(0, 10 ** 6),
+                    st.integers(1, 40), st.integers(1, 3), st.integers(1, 3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(spec_st, min_size=1, max_size=3, unique_by=lambda s: s.name),
+       st.sampled_from(kvc.LAYOUTS), st.integers(1, 5), st.integers(1, 4))
+def test_any_plan_tiles_its_buffer(specs, layout, block_size, num_blocks):
+    plan = kvc.plan_cache(specs, num_blocks=num_blocks, block_size=block_size, layout=layout)
+    counts = owner_map(plan)
+    assert int(counts.min()) == 1 and int(counts.max()) == 1
+    pages = sorted((pg.start + b * pg.block_stride, pg.length) for b in range(num_blocks)
+                   for pg in plan.block_pages())
+    assert pages[0][0] == 0 and sum(n for _, n in pages) == plan.total_bytes
+    assert all(a + n == b for (a, n), (b, _) in zip(pages, pages[1:]))
