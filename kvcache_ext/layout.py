@@ -146,7 +146,8 @@ class CachePlan:
         pages = []
         for s in self.specs:
             t = self.tensors[s.name]
-            whole = self.layout.index("H") > max(self.layout.index("L"), self.layout.index("B"))
+            whole = s.num_heads == 1 or self.layout.index("H") > max(self.layout.index("L"),
+                                                                    self.layout.index("B"))
             heads: list[int | None] = [None] if whole else list(range(s.num_heads))
             length = self.block_size * s.row_bytes * (s.num_heads if whole else 1)
             for layer in range(s.num_layers):
