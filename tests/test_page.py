@@ -168,6 +168,13 @@ def test_page_in_browser(browser, tmp_path):
     terms = browser.find_element(By.CSS_SELECTOR, '#addresses tr[data-spec="indexer"] .term-layer').text
     assert terms == f"0 × {plan.tensor('indexer').layer_stride:,} = 0"  # LBNHC: 8448 x 8 blocks
 
+    # Side by side: both maps drawn, each with its own highlighted cells.
+    browser.find_element(By.ID, "side-by-side").click()
+    shown = browser.execute_script(
+        "return [...document.querySelectorAll('.map-wrap')].filter(w => w.style.display !== 'none')"
+        ".map(w => [w.dataset.layout, w.querySelectorAll('.cell.hit').length]);")
+    assert shown == [["BLHNC", 2], ["LBNHC", 2]]
+
     # A token beyond the block table is refused on the page, not computed.
     token.clear()
     token.send_keys("300")
