@@ -1,4 +1,4 @@
-"""Thin Python wrappers over torch.ops.kvcache_ext (CPU and CUDA kernels, fake impls in C++).
+"""Thin Python wrappers over torch.ops.kvcache_ext (CPU and CUDA kernels; fake impls in fake.py).
 
 Writes mutate the view in place. T = slot_mapping.numel(); inputs may hold more rows (padded
 for CUDA graphs); slot < 0 is padding. On CPU every argument, slot values included, is checked
@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from ._ext import ops as _ops
+from .reference import indexer_dequant
 from .transfer import CopyStats, block_spans, copy_blocks  # noqa: F401  (public surface)
 
 MLA_DIM = 576
@@ -113,7 +114,6 @@ def _indexer_outputs(view: torch.Tensor, shape: tuple[int, ...],
 def _maybe_dequant(codes: torch.Tensor, scales: torch.Tensor, dequant: torch.dtype | None):
     if dequant is None:
         return codes, scales
-    from .reference import indexer_dequant
     return indexer_dequant(codes, scales, dequant)
 
 
