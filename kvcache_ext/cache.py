@@ -13,10 +13,6 @@ class KVCache:
     plan: CachePlan
     buffer: torch.Tensor  # 1-D uint8, plan.total_bytes long
 
-    @property
-    def device(self) -> torch.device:
-        return self.buffer.device
-
     def view(self, name: str, layer: int) -> torch.Tensor:
         """uint8 [num_blocks, H, block_size, C] strided view of one layer of one spec."""
         return self.plan.view(self.buffer, name, layer)

@@ -11,7 +11,6 @@ import torch
 FP8_MAX = 448.0
 FLT_MIN = torch.finfo(torch.float32).tiny
 INDEXER_AMAX_FLOOR = 1e-4
-MLA_FP8_ROW_BYTES = 656
 INDEXER_ROW_BYTES = 132
 
 

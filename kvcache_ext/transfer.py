@@ -55,8 +55,8 @@ def copy_blocks(src: KVCache, dst: KVCache, block_mapping: torch.Tensor) -> Copy
         raise ValueError("src and dst must share one plan (same specs, blocks, layout)")
     spans = block_spans(src.plan, block_mapping)
     _ops.copy_spans(src.buffer, dst.buffer, spans)
-    return CopyStats(blocks=int(block_mapping.shape[0]) if block_mapping.dim() == 2 else 0,
-                     spans=int(spans.shape[0]), bytes=int(spans[:, 2].sum()) if len(spans) else 0)
+    return CopyStats(blocks=int(block_mapping.shape[0]), spans=int(spans.shape[0]),
+                     bytes=int(spans[:, 2].sum()))
 
 
 def _check_mapping(plan: CachePlan, block_mapping: torch.Tensor) -> torch.Tensor:
