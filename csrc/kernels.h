@@ -64,6 +64,13 @@ struct MlaGatherParams {
   int64_t out_stride;  // bytes between output rows
 };
 
+// Bytes of one output row of an MLA gather.
+KVC_HD int64_t mla_gather_row_bytes(const MlaGatherParams& p) {
+  return p.mode == MlaGatherMode::kDequantBf16 ? 2 * kMlaDim
+         : p.mode == MlaGatherMode::kDequantF32 ? 4 * kMlaDim
+                                                : p.view.row_bytes;
+}
+
 struct IndexerGatherParams {
   PagedView view;
   TokenSource src;

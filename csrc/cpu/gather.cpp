@@ -8,18 +8,8 @@
 
 namespace kvc::cpu {
 
-namespace {
-int64_t mla_out_row_bytes(const MlaGatherParams& p) {
-  switch (p.mode) {
-    case MlaGatherMode::kDequantBf16: return 2 * kMlaDim;
-    case MlaGatherMode::kDequantF32: return 4 * kMlaDim;
-    default: return p.view.row_bytes;
-  }
-}
-}  // namespace
-
 void mla_gather(const MlaGatherParams& p) {
-  const int64_t out_bytes = mla_out_row_bytes(p);
+  const int64_t out_bytes = mla_gather_row_bytes(p);
   at::parallel_for(0, p.num_tokens, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       uint8_t* out = p.out + t * p.out_stride;

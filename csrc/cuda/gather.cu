@@ -11,12 +11,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return float_to_bf16(lo) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
 }
 
-__device__ __forceinline__ int64_t mla_out_bytes(const MlaGatherParams& p) {
-  return p.mode == MlaGatherMode::kDequantBf16 ? 2 * kMlaDim
-         : p.mode == MlaGatherMode::kDequantF32 ? 4 * kMlaDim
-                                                : p.view.row_bytes;
-}
-
 // Lane l dequantizes codes [16 l, 16 l + 16) (tile l / 8); lanes 0..7 (bf16) or 0..15 (fp32)
 // carry the rope values.
 template <MlaGatherMode kMode>
@@ -27,7 +21,7 @@ __global__ void mla_gather_kernel(MlaGatherParams p) {
   uint8_t* out = p.out + t * p.out_stride;
   const int64_t slot = p.src.slot_of(t, p.view);
   if (slot < 0) {
-    warp_zero(out, mla_out_bytes(p), lane);
+    warp_zero(out, mla_gather_row_bytes(p), lane);
     return;
   }
   const uint8_t* row = p.view.row(slot);
