@@ -18,10 +18,8 @@ import contextlib
 import datetime
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -30,6 +28,7 @@ import torch
 
 import kvcache_ext as kvc
 from kvcache_ext import reference as ref
+from kvcache_ext.timing import time_calls
 
 BLOCK = 64
 ROTATE_BYTES = 256 << 20  # inputs rotated through at least this much memory (> L2 on any GPU)
@@ -55,51 +54,6 @@ def nvtx(name: str):
     if torch.cuda.is_available():
         return torch.cuda.nvtx.range(name)
     return contextlib.nullcontext()
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_calls(fns: list[Callable[[], object]], device: torch.device, repeats: int,
-               use_graph: bool) -> float:
-    """Median microseconds of one call; fns are rotated (each a call on other inputs). With
-    use_graph, one CUDA graph holds a call on every input set and is replayed."""
-    for f in fns:  # warm-up
-        f()
-    sync(device)
-    if device.type != "cuda":
-        samples = []
-        for i in range(repeats):
-            t0 = time.perf_counter()
-            fns[i % len(fns)]()
-            samples.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(samples)
-    per_launch = 1
-    run = lambda i: fns[i % len(fns)]()  # noqa: E731
-    if use_graph:
-        per_launch = len(fns)
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        with torch.cuda.stream(stream):
-            for i in range(per_launch):  # warm-up on the capture stream
-                run(i)
-            stream.synchronize()
-            with torch.cuda.graph(graph, stream=stream):
-                for i in range(per_launch):
-                    run(i)
-        run = lambda i: graph.replay()  # noqa: E731
-        run(0)
-    samples = []
-    for i in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run(i)
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / per_launch)
-    return statistics.median(samples)
 
 
 def copy_bandwidth(device: torch.device, repeats: int) -> float:

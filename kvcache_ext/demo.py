@@ -3,10 +3,6 @@ BLHNC and LBNHC, write every layer with the fused op, check the bytes against th
 reference, read everything back with the gathers, and time each op."""
 from __future__ import annotations
 
-import statistics
-import time
-from typing import Callable
-
 import torch
 
 from . import ops
@@ -14,28 +10,10 @@ from . import reference as ref
 from .cache import allocate
 from .layout import CacheSpec, plan_cache, slot_mapping
 from .render import address_walk, byte_map, views_table, walk_lines
+from .timing import time_calls
 from .transfer import copy_blocks
 
 LAYERS, BLOCK = 2, 64
-
-
-def time_us(fn: Callable[[], object], device: torch.device, repeats: int = 20) -> float:
-    """Median microseconds per call (device events on CUDA, wall clock on CPU)."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(samples)
 
 
 def make_requests(num_tokens: int, num_blocks: int, gen: torch.Generator):
@@ -111,7 +89,7 @@ def run_layout(layout: str, device: torch.device, num_tokens: int) -> bool:
     }
     print(f"{'op':<32}{'us/call':>10}{'GB/s':>10}")
     for name, (fn, nbytes) in timings.items():
-        us = time_us(fn, device)
+        us = time_calls([fn], device, repeats=20, use_graph=False)
         print(f"{name:<32}{us:>10.1f}{nbytes / us / 1e3:>10.1f}")
     print()
     return ok_write and ok_read

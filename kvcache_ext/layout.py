@@ -9,7 +9,7 @@ All numbers here are plain Python ints (arbitrary precision, so > 4 GiB plans ar
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import torch
 

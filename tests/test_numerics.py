@@ -1,7 +1,6 @@
 """fp8 / bf16 / ue8m0 encodings: kernels and the torch reference give the same bytes."""
 from __future__ import annotations
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
