@@ -1,14 +1,17 @@
 """Benchmark every write, gather and block-copy op against the memory system and the torch path.
 
-    python benchmarks/bench_cache_ops.py [--quick] [--device cuda|cpu] [--out DIR]
+    python benchmarks/bench_cache_ops.py [--quick] [--device cuda|cpu] [--out DIR] [--budget-s S]
 
 For each op, layout (LBNHC and BLHNC by default, block size 64) and T in
 {1, 8, 64, 512, 4096, 16384, 65536}: microseconds per call (median of many repeats after a
-warm-up; CUDA events on a GPU, with CUDA-graph replay for T <= 512; inputs rotated through
-enough copies that the L2 cache cannot hold them), GB/s counting bytes read + written once,
-that as a share of the device's copy bandwidth measured in the same run, and the speed-up over
-the pure-torch reference (eager, and torch.compile where it compiles). Writes a Markdown table,
-a JSON file (device, torch and CUDA versions, commit, date) and PNG plots under --out.
+warm-up; CUDA events around device work only, see kvcache_ext/timing.py, with CUDA-graph replay
+for T <= 512; inputs rotated through enough copies that the L2 cache cannot hold them), GB/s
+counting bytes read + written once, that as a share of the device's copy bandwidth measured in
+the same run (a 1 GiB copy) and against a torch copy of the same bytes timed the same way, and
+the speed-up over the pure-torch reference (eager; torch.compile at T = 16384, measured last).
+Writes a Markdown table and a JSON file (device, torch and CUDA versions, commit, date) as it
+goes, and PNG plots at the end, under --out. With --budget-s the run stops measuring when the
+time is spent and writes what it has, marked incomplete.
 Every case runs inside an NVTX range; see README.md for the Nsight Systems recipe.
 """
 from __future__ import annotations
@@ -16,11 +19,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,24 +33,16 @@ import kvcache_ext as kvc
 from kvcache_ext import reference as ref
 from kvcache_ext.timing import time_calls
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_report import Result, write  # noqa: E402
+
 BLOCK = 64
 ROTATE_BYTES = 256 << 20  # inputs rotated through at least this much memory (> L2 on any GPU)
 MAX_SETS = 64             # ... or through this many input sets, whichever is fewer
 MIN_BLOCKS = 2048         # a serving-sized cache (~0.5 GB here): rows land in cold memory
-
-
-@dataclass
-class Result:
-    op: str
-    layout: str
-    tokens: int
-    us: float
-    gbps: float
-    pct_copy: float
-    torch_us: float | None
-    speedup: float | None
-    compiled_us: float | None
-    graph: bool
+SIZES = [1, 8, 64, 512, 4096, 16384, 65536]
+QUICK_SIZES = [1, 64, 4096, 16384]
+COMPILE_T = 16384         # torch.compile is slow to compile: its yardstick is taken at one size
 
 
 def nvtx(name: str):
@@ -56,14 +51,34 @@ def nvtx(name: str):
     return contextlib.nullcontext()
 
 
-def copy_bandwidth(device: torch.device, repeats: int) -> float:
-    """GB/s of a large device copy, bytes read + written."""
+def copy_bandwidth(device: torch.device, repeats: int) -> tuple[float, int]:
+    """GB/s of a large device copy (bytes read + written), and the bytes copied."""
     n = (1 << 30) if device.type == "cuda" else (256 << 20)
     a = torch.empty(n, dtype=torch.uint8, device=device)
     b = torch.empty_like(a)
     a.fill_(1)
     us = time_calls([lambda: b.copy_(a)], device, max(5, repeats // 4), use_graph=False)
-    return 2 * n / us / 1e3
+    return 2 * n / us / 1e3, n
+
+
+class SameSizeCopy:
+    """Microseconds of a torch copy moving `nbytes` (half read, half written), rotated through
+    a pool larger than L2 and timed like the op (graph replay or not): the best a kernel moving
+    that many bytes can hope for, launch and ramp-up included."""
+
+    def __init__(self, device: torch.device, repeats: int):
+        self.device, self.repeats = device, repeats
+        self.measured: dict[tuple[int, bool], float] = {}
+
+    def us(self, nbytes: int, graph: bool) -> float:
+        half = max(1, nbytes // 2)
+        if (half, graph) not in self.measured:
+            sets = max(2, min(MAX_SETS, ROTATE_BYTES // half))
+            src = torch.ones(sets, half, dtype=torch.uint8, device=self.device)
+            dst = torch.empty_like(src)
+            calls = [lambda i=i: dst[i].copy_(src[i]) for i in range(sets)]
+            self.measured[(half, graph)] = time_calls(calls, self.device, self.repeats, graph)
+        return self.measured[(half, graph)]
 
 
 @dataclass
@@ -75,7 +90,7 @@ class Case:
 
 
 def build_cases(layout: str, tokens: int, device: torch.device,
-                gen: torch.Generator) -> tuple[list[Case], int]:
+                gen: torch.Generator) -> tuple[int, list[Case]]:
     """The cases at one size, and how many input sets their calls rotate through."""
     num_blocks = max(-(-tokens // BLOCK) + 4, MIN_BLOCKS)
     specs = [kvc.CacheSpec("mla", 656, 1), kvc.CacheSpec("indexer", 132, 1),
@@ -129,9 +144,11 @@ def build_cases(layout: str, tokens: int, device: torch.device,
 
 
 def block_copy_results(device: torch.device, repeats: int, quick: bool) -> list[dict]:
-    """N random blocks device -> (pinned) host and back, block-outer vs layer-outer."""
+    """N random blocks device -> (pinned) host and back, block-outer vs layer-outer. Timed as
+    the caller waits for it, the host's issue of every span included."""
     rows = []
-    specs = [kvc.CacheSpec("mla", 656, 61 if not quick else 8), kvc.CacheSpec("indexer", 132, 61 if not quick else 8)]
+    layers = 8 if quick else 61
+    specs = [kvc.CacheSpec("mla", 656, layers), kvc.CacheSpec("indexer", 132, layers)]
     host = torch.device("cpu")
     for layout in ("BLHNC", "LBNHC"):
         plan = kvc.plan_cache(specs, 256, BLOCK, layout)
@@ -144,7 +161,8 @@ def block_copy_results(device: torch.device, repeats: int, quick: bool) -> list[
             for direction, (a, b) in (("to_host", (gpu, cpu)), ("to_device", (cpu, gpu))):
                 with nvtx(f"copy_blocks {layout} {direction} n={n}"):
                     stats = kvc.copy_blocks(a, b, mapping)
-                    us = time_calls([lambda: kvc.copy_blocks(a, b, mapping)], device, repeats, False)
+                    us = time_calls([lambda: kvc.copy_blocks(a, b, mapping)], device, repeats,
+                                    use_graph=False, hide_launch=False)
                 rows.append({"layout": layout, "direction": direction, "blocks": n,
                              "spans": stats.spans, "bytes": stats.bytes, "us": us,
                              "gbps": stats.bytes / us / 1e3})
@@ -168,52 +186,16 @@ def git_commit() -> str:
         return "unknown"
 
 
-def markdown(results: list[Result], copy_gbps: float, copies: list[dict], meta: dict) -> str:
-    lines = [f"# kvcache_ext benchmark: {meta['device_name']}", "",
-             f"torch {meta['torch']}, CUDA {meta['cuda']}, commit {meta['commit'][:12]}, {meta['date']}",
-             f"device copy bandwidth (read + write): {copy_gbps:.1f} GB/s", "",
-             "| op | layout | T | us/call | GB/s | % of copy | torch eager us | speed-up | torch.compile us | graph |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-    for r in results:
-        lines.append(f"| {r.op} | {r.layout} | {r.tokens} | {r.us:.2f} | {r.gbps:.1f} | "
-                     f"{r.pct_copy:.0f} | {fmt(r.torch_us, '.1f')} | {fmt(r.speedup, '.1f')} | "
-                     f"{fmt(r.compiled_us, '.1f')} | {'yes' if r.graph else 'no'} |")
-    lines += ["", "## Block copies (random blocks)", "",
-              "| layout | direction | blocks | spans | MB | us | GB/s |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for c in copies:
-        lines.append(f"| {c['layout']} | {c['direction']} | {c['blocks']} | {c['spans']} | "
-                     f"{c['bytes'] / 1e6:.2f} | {c['us']:.1f} | {c['gbps']:.2f} |")
-    return "\n".join(lines) + "\n"
+@dataclass
+class Budget:
+    seconds: float | None
+    start: float
+    hit: bool = False  # a step was skipped for want of time
 
-
-def plot(results: list[Result], path: Path) -> bool:
-    try:
-        import matplotlib
-    except ImportError:  # e.g. a GPU machine without it: the table and JSON still get written
-        print("matplotlib not installed: no plot")
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ops = sorted({r.op for r in results})
-    cols = 3
-    fig, axes = plt.subplots(-(-len(ops) // cols), cols, figsize=(5 * cols, 3.2 * -(-len(ops) // cols)),
-                             squeeze=False)
-    for ax, op in zip(axes.flat, ops):
-        for layout in sorted({r.layout for r in results}):
-            pts = sorted((r.tokens, r.gbps) for r in results if r.op == op and r.layout == layout)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=layout)
-        ax.set_xscale("log", base=2)
-        ax.set_title(op, fontsize=9)
-        ax.set_xlabel("T (tokens)")
-        ax.set_ylabel("GB/s")
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(ops):]:
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return True
+    def spent(self) -> bool:
+        if self.seconds is not None and time.monotonic() - self.start > self.seconds:
+            self.hit = True
+        return self.hit
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,62 +206,96 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default=None, help="comma-separated T values")
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile yardstick")
+    p.add_argument("--no-block-copies", action="store_true", help="skip the block-copy benchmark")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="stop measuring after this many seconds and write what was measured")
     p.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/out")
     args = p.parse_args(argv)
 
+    budget = Budget(args.budget_s, time.monotonic())
     device = torch.device(args.device)
     quick = args.quick
-    sizes = ([int(s) for s in args.sizes.split(",")] if args.sizes else
-             [1, 64, 4096, 16384] if quick else [1, 8, 64, 512, 4096, 16384, 65536])
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else QUICK_SIZES if quick else SIZES
     repeats = args.repeats or (10 if quick else 50)
     compile_ref = not (quick or args.no_compile)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
+    tag = f"{'cuda' if device.type == 'cuda' else 'cpu'}{'_quick' if quick else ''}"
 
     meta = {
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
         "device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda,
         "commit": git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "threads": torch.get_num_threads(), "quick": quick, "block_size": BLOCK,
+        "repeats": repeats, "complete": False, "stopped": "running",
     }
     with nvtx("copy bandwidth"):
-        copy_gbps = copy_bandwidth(device, repeats)
+        copy_gbps, meta["copy_bytes"] = copy_bandwidth(device, repeats)
     print(f"{meta['device_name']}: copy bandwidth {copy_gbps:.1f} GB/s (read + write)")
-
+    same_size = SameSizeCopy(device, repeats)
     results: list[Result] = []
+    copies: list[dict] = []
+
+    def save(with_plot: bool = False) -> None:
+        write(out, tag, results, copy_gbps, copies, meta, with_plot)
+
     for layout in args.layouts.split(","):
         for tokens in sizes:
+            if budget.spent():
+                break
             graph = device.type == "cuda" and tokens <= 512
             sets, cases = build_cases(layout, tokens, device, gen)
             for case in cases:
                 with nvtx(f"{case.name} {layout} T={tokens}"):
                     calls = [lambda i=i: case.kernel(i) for i in range(sets)]
                     us = time_calls(calls, device, repeats, graph)
-                    torch_us = compiled_us = None
+                    torch_us = None
                     if case.torch_path is not None and (tokens <= 16384 or not quick):
                         torch_us = time_calls([lambda: case.torch_path(0)], device,
                                               max(3, repeats // 5), use_graph=False)
-                        if compile_ref and tokens == 16384:  # compiles are slow: one size
-                            compiled_us = try_compile(case.torch_path, device, repeats)
+                with nvtx(f"same-size copy {case.bytes} B"):
+                    copy_us = same_size.us(case.bytes, graph)
                 gbps = case.bytes / us / 1e3
-                r = Result(case.name, layout, tokens, us, gbps, 100 * gbps / copy_gbps, torch_us,
-                           torch_us / us if torch_us else None, compiled_us, graph)
+                r = Result(case.name, layout, tokens, us, case.bytes, gbps, 100 * gbps / copy_gbps,
+                           copy_us, 100 * copy_us / us, torch_us,
+                           torch_us / us if torch_us else None, None, graph)
                 results.append(r)
                 print(f"{r.op:<28}{layout:>7}{tokens:>7}  {us:9.2f} us  {gbps:8.1f} GB/s  "
-                      f"{r.pct_copy:5.1f}%  x{r.speedup or 0:6.1f} vs torch")
-    copies = block_copy_results(device, repeats, quick)
-    for c in copies:
-        print(f"copy_blocks {c['layout']} {c['direction']:<9} n={c['blocks']:<3} spans={c['spans']:<5} "
-              f"{c['us']:9.1f} us {c['gbps']:7.2f} GB/s")
+                      f"{r.pct_copy:5.1f}% of copy BW  {r.pct_same_copy:5.1f}% of same-size copy  "
+                      f"x{r.speedup or 0:6.1f} vs torch", flush=True)
+            del cases
+            save()
 
-    tag = f"{'cuda' if device.type == 'cuda' else 'cpu'}{'_quick' if quick else ''}"
-    (out / f"bench_{tag}.md").write_text(markdown(results, copy_gbps, copies, meta))
-    (out / f"bench_{tag}.json").write_text(json.dumps(
-        {"meta": meta, "copy_gbps": copy_gbps, "results": [asdict(r) for r in results],
-         "block_copies": copies}, indent=1))
-    plot(results, out / f"bench_{tag}.png")
-    print(f"wrote {out}/bench_{tag}.md, .json, .png")
+    if not args.no_block_copies and not budget.spent():
+        copies = block_copy_results(device, repeats, quick)
+        for c in copies:
+            print(f"copy_blocks {c['layout']} {c['direction']:<9} n={c['blocks']:<3} "
+                  f"spans={c['spans']:<5} {c['us']:9.1f} us {c['gbps']:7.2f} GB/s")
+        save()
+
+    if compile_ref and COMPILE_T in sizes:  # last: the slowest yardstick to set up
+        for layout in args.layouts.split(","):
+            if budget.spent():
+                break
+            _, cases = build_cases(layout, COMPILE_T, device, gen)
+            for case in cases:
+                if budget.spent() or case.torch_path is None:
+                    continue
+                with nvtx(f"torch.compile {case.name} {layout} T={COMPILE_T}"):
+                    compiled_us = try_compile(case.torch_path, device, repeats)
+                for r in results:
+                    if (r.op, r.layout, r.tokens) == (case.name, layout, COMPILE_T):
+                        r.compiled_us = compiled_us
+                print(f"torch.compile {case.name:<28}{layout:>7}  "
+                      f"{'-' if compiled_us is None else f'{compiled_us:.2f} us'}", flush=True)
+                save()
+
+    meta["complete"] = not budget.hit
+    meta["stopped"] = ("finished" if meta["complete"] else
+                       f"the {args.budget_s:.0f} s budget ran out after {len(results)} cases")
+    save(with_plot=True)
+    print(f"wrote {out}/bench_{tag}.md, .json, .png ({meta['stopped']})")
     return 0
 
 

@@ -1,44 +1,83 @@
 #!/usr/bin/env bash
 # Device check, for a machine with an NVIDIA GPU (e.g. the H200 test machine, which reaches no
 # package registry: everything runs on its own torch and tools). Builds the extension in place,
-# runs the test suite (CUDA cases included), compute-sanitizer memcheck on a small case, and the
-# benchmark (quick mode; FULL=1 for the full sweep). Logs and results go under $OUT.
-#   OUT=/tmp/out bash benchmarks/gpu_check.sh
+# runs the test suite (CUDA cases included), compute-sanitizer memcheck on a small case, the
+# benchmark's quick mode and the torch.profiler cross-check; FULL=1 adds the full sweep.
+#
+#   OUT=/tmp/out [FULL=1] [BUDGET_S=540] bash benchmarks/gpu_check.sh
+#
+# Every step runs under a timeout inside BUDGET_S seconds (the benchmarks stop themselves and
+# write what they measured), so the script ends before a remote command limit kills it.
+# $OUT ends up holding at most 8 files: summary.txt, logs.tgz (every step's log, the machine's
+# description, the profiler tables) and bench_cuda_quick.* / bench_cuda.* (md, json, png).
+# DRY=1 runs the same steps on a machine without a GPU (CPU device, no sanitizer), to test
+# this script itself.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/out/gpu_check}
-mkdir -p "$OUT"
+LOGS=$OUT/logs
+mkdir -p "$LOGS"
 PY=${PYTHON:-python3}
+BUDGET_S=${BUDGET_S:-540}
+DRY=${DRY:-0}
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+if [ "$DRY" != 1 ] && ! { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }; then
   echo "gpu_check: no NVIDIA GPU here (nvidia-smi finds none); run this on a GPU machine" >&2
   exit 3
 fi
+DEVICE=cuda
+[ "$DRY" = 1 ] && DEVICE=cpu
+
 status=0
-step() {  # step NAME CMD...: run, log to $OUT/NAME.log, remember failures
-  local name=$1; shift
+note() { echo "gpu_check: $*" | tee -a "$OUT/summary.txt"; }
+left() { echo $((BUDGET_S - SECONDS)); }
+finish() {  # pack the logs into one file (the device tool returns few files)
+  tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
+}
+trap finish EXIT
+
+# step NAME CAP_S CMD...: run under a timeout of min(CAP_S, budget left - 15 s), log to
+# $LOGS/NAME.log, note the result and the log's tail on failure.
+step() {
+  local name=$1 cap=$2; shift 2
+  local limit=$(( $(left) - 15 ))
+  [ "$limit" -gt "$cap" ] && limit=$cap
+  if [ "$limit" -lt 20 ]; then note "$name skipped: budget spent"; status=1; return 1; fi
   local t0=$SECONDS
-  "$@" >"$OUT/$name.log" 2>&1
+  timeout -k 10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
-  echo "gpu_check: $name rc=$rc ($((SECONDS - t0)) s)" | tee -a "$OUT/summary.txt"
-  [ "$rc" = 0 ] || { status=1; tail -25 "$OUT/$name.log"; }
+  note "$name rc=$rc ($((SECONDS - t0)) s$([ "$rc" = 124 ] && echo ", timed out at $limit s"))"
+  if [ "$rc" != 0 ]; then status=1; tail -30 "$LOGS/$name.log" | tee -a "$OUT/summary.txt"; fi
   return "$rc"
 }
 
-nvidia-smi >"$OUT/nvidia-smi.txt" 2>&1
-$PY -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())" \
-  | tee "$OUT/versions.txt"
-export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-step build $PY setup.py build_ext --inplace || exit 1
-step tests $PY -m pytest -q -x tests -p no:cacheprovider
-if command -v compute-sanitizer >/dev/null 2>&1; then
-  step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 $PY benchmarks/sanitize_case.py
+{
+  date -u; git rev-parse HEAD 2>/dev/null; uname -a
+  nvidia-smi 2>&1; nvcc --version 2>&1 | tail -2; compute-sanitizer --version 2>&1 | head -2
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1
+} >"$LOGS/machine.txt"
+note "device=$DEVICE budget=${BUDGET_S}s full=${FULL:-0} commit=$(git rev-parse --short HEAD 2>/dev/null)"
+
+step build 300 $PY setup.py build_ext --inplace || exit 1
+step tests 240 $PY -m pytest -q -rfE -p no:cacheprovider tests
+grep -E "passed|failed" "$LOGS/tests.log" | tail -1 | sed 's/^/gpu_check: tests: /' \
+  | tee -a "$OUT/summary.txt"
+if [ "$DRY" = 1 ]; then
+  note "memcheck skipped (DRY)"
+elif command -v compute-sanitizer >/dev/null 2>&1; then
+  step memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 1 $PY benchmarks/sanitize_case.py
+  grep -E "ERROR SUMMARY" "$LOGS/memcheck.log" | sed 's/^/gpu_check: memcheck: /' | tee -a "$OUT/summary.txt"
 else
-  echo "gpu_check: compute-sanitizer not found" | tee -a "$OUT/summary.txt"; status=1
+  note "compute-sanitizer not found"; status=1
 fi
+step bench_quick 150 $PY benchmarks/bench_cache_ops.py --device "$DEVICE" --quick --budget-s 90 --out "$OUT"
+step profile 120 $PY benchmarks/profile_ops.py --device "$DEVICE" --out "$LOGS"
 if [ "${FULL:-0}" = 1 ]; then
-  step bench $PY benchmarks/bench_cache_ops.py --out "$OUT"
-else
-  step bench_quick $PY benchmarks/bench_cache_ops.py --quick --out "$OUT"
+  # The sweep stops itself 45 s before the budget ends and writes what it measured.
+  step bench 600 $PY benchmarks/bench_cache_ops.py --device "$DEVICE" --budget-s $(( $(left) - 45 )) \
+    --out "$OUT"
 fi
+note "done in $SECONDS s, status $status"
 exit "$status"
