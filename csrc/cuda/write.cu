@@ -11,21 +11,36 @@ __device__ __forceinline__ const uint8_t* elem(const void* base, int64_t i, int6
   return static_cast<const uint8_t*>(base) + i * esize;
 }
 
+// Each row is written in two steps: load (the token's inputs and its slot, all issued before
+// any is used, so their latencies overlap instead of adding up), then store (skipped when the
+// slot is outside the view). The inputs hold at least num_tokens rows, so loading them for a
+// padding token is safe.
+
 // ---- MLA fp8_ds_mla: lane l owns kv_c values [16 l, 16 l + 16); tile k = lanes 8k..8k+7. ----
+struct MlaInputs {
+  uint32_t latent[8];  // 16 x 16-bit values
+  uint32_t rope[4];    // lanes 0..7: 8 rope values
+};
+
+__device__ __forceinline__ MlaInputs load_mla_fp8(const MlaWriteParams& p, int64_t t, int lane) {
+  MlaInputs in;
+  load_words(elem(p.kv_c, t * p.kv_c_stride + 16 * lane, 2), in.latent);
+  if (lane < 8) load_words(elem(p.k_pe, t * p.k_pe_stride + 8 * lane, 2), in.rope);
+  return in;
+}
+
 template <bool kHalf>
-__device__ __forceinline__ void mla_fp8_row(const MlaWriteParams& p, int64_t t, int lane) {
-  const int64_t slot = p.slots[t];
-  if (!p.view.valid_slot(slot)) return;
-  uint8_t* row = p.view.row(slot);
-  uint32_t in[8];  // 16 x 16-bit values
-  load_words(elem(p.kv_c, t * p.kv_c_stride + 16 * lane, 2), in);
+__device__ __forceinline__ void store_mla_fp8(const MlaWriteParams& p, int64_t slot,
+                                              MlaInputs& in, int lane) {
   float x[16];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) unpack2<kHalf>(in[i], x[2 * i], x[2 * i + 1]);
+  for (int i = 0; i < 8; ++i) unpack2<kHalf>(in.latent[i], x[2 * i], x[2 * i + 1]);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) amax = fmax_(amax, abs_for_amax(x[i]));
-  const float scale = mla_tile_scale(group_max<8>(amax));
+  const float scale = mla_tile_scale(group_max<8>(amax));  // every lane: shuffles need all 32
+  if (!p.view.valid_slot(slot)) return;
+  uint8_t* row = p.view.row(slot);
   uint32_t codes[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
@@ -36,23 +51,22 @@ __device__ __forceinline__ void mla_fp8_row(const MlaWriteParams& p, int64_t t, 
     const uint32_t s[1] = {float_bits(scale)};
     store_words(row + kMlaScalesOffset + 4 * (lane / 8), s);
   }
-  if (lane < 8) {  // 64 rope values: 8 per lane, stored as bf16
-    uint32_t r[4];
-    load_words(elem(p.k_pe, t * p.k_pe_stride + 8 * lane, 2), r);
+  if (lane < 8) {  // rope values stored as bf16
     if constexpr (kHalf) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         float lo, hi;
-        unpack2<true>(r[i], lo, hi);
-        r[i] = float_to_bf16(lo) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
+        unpack2<true>(in.rope[i], lo, hi);
+        in.rope[i] = float_to_bf16(lo) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
       }
     }
-    store_words(row + kMlaRopeOffset + 16 * lane, r);
+    store_words(row + kMlaRopeOffset + 16 * lane, in.rope);
   }
 }
 
-__device__ __forceinline__ void mla_auto_row(const MlaWriteParams& p, int64_t t, int lane) {
-  const int64_t slot = p.slots[t];
+// Unquantized rows are plain copies: the slot is needed before the first load.
+__device__ __forceinline__ void mla_auto_row(const MlaWriteParams& p, int64_t slot, int64_t t,
+                                             int lane) {
   if (!p.view.valid_slot(slot)) return;
   const int64_t es = dtype_size(p.dtype);
   uint8_t* row = p.view.row(slot);
@@ -61,18 +75,27 @@ __device__ __forceinline__ void mla_auto_row(const MlaWriteParams& p, int64_t t,
 }
 
 // ---- Indexer: lane l owns values [4 l, 4 l + 4); the whole warp reduces the amax. ----
+struct IndexerInputs {
+  uint32_t k[2];  // 4 x 16-bit values
+};
+
+__device__ __forceinline__ IndexerInputs load_indexer(const IndexerWriteParams& p, int64_t t,
+                                                      int lane) {
+  IndexerInputs in;
+  load_words(elem(p.k, t * p.k_stride + 4 * lane, 2), in.k);
+  return in;
+}
+
 template <bool kHalf>
-__device__ __forceinline__ void indexer_row(const IndexerWriteParams& p, int64_t t, int lane) {
-  const int64_t slot = p.slots[t];
-  if (!p.view.valid_slot(slot)) return;
-  uint32_t in[2];
-  load_words(elem(p.k, t * p.k_stride + 4 * lane, 2), in);
+__device__ __forceinline__ void store_indexer(const IndexerWriteParams& p, int64_t slot,
+                                              const IndexerInputs& in, int lane) {
   float x[4];
-  unpack2<kHalf>(in[0], x[0], x[1]);
-  unpack2<kHalf>(in[1], x[2], x[3]);
-  float amax = fmax_(fmax_(abs_for_amax(x[0]), abs_for_amax(x[1])),
-                     fmax_(abs_for_amax(x[2]), abs_for_amax(x[3])));
+  unpack2<kHalf>(in.k[0], x[0], x[1]);
+  unpack2<kHalf>(in.k[1], x[2], x[3]);
+  const float amax = fmax_(fmax_(abs_for_amax(x[0]), abs_for_amax(x[1])),
+                           fmax_(abs_for_amax(x[2]), abs_for_amax(x[3])));
   const float scale = indexer_scale(group_max<32>(amax), p.ue8m0);
+  if (!p.view.valid_slot(slot)) return;
   const IndexerAddress a = indexer_address(p.view, slot, p.placement);
   const uint32_t codes[1] = {pack4_e4m3(x[0] / scale, x[1] / scale, x[2] / scale, x[3] / scale)};
   store_words(p.view.base + a.codes + 4 * lane, codes);
@@ -83,30 +106,47 @@ __device__ __forceinline__ void indexer_row(const IndexerWriteParams& p, int64_t
 }
 
 template <bool kHalf>
-__global__ void mla_fp8_kernel(MlaWriteParams p) {
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mla_fp8_kernel(MlaWriteParams p) {
   const int64_t t = warp_row();
-  if (t < p.num_tokens) mla_fp8_row<kHalf>(p, t, threadIdx.x % kWarp);
+  if (t >= p.num_tokens) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t slot = p.slots[t];
+  MlaInputs in = load_mla_fp8(p, t, lane);
+  store_mla_fp8<kHalf>(p, slot, in, lane);
 }
 
-__global__ void mla_auto_kernel(MlaWriteParams p) {
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mla_auto_kernel(MlaWriteParams p) {
   const int64_t t = warp_row();
-  if (t < p.num_tokens) mla_auto_row(p, t, threadIdx.x % kWarp);
+  if (t < p.num_tokens) mla_auto_row(p, p.slots[t], t, threadIdx.x % kWarp);
 }
 
 template <bool kHalf>
-__global__ void indexer_kernel(IndexerWriteParams p) {
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) indexer_kernel(IndexerWriteParams p) {
   const int64_t t = warp_row();
-  if (t < p.num_tokens) indexer_row<kHalf>(p, t, threadIdx.x % kWarp);
+  if (t >= p.num_tokens) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t slot = p.slots[t];
+  const IndexerInputs in = load_indexer(p, t, lane);
+  store_indexer<kHalf>(p, slot, in, lane);
 }
 
-// The DSA pair in one launch: each warp writes its token's MLA row, then its indexer row.
+// The DSA pair in one launch: each warp loads its token's MLA and indexer inputs together,
+// then writes the MLA row and the indexer row.
 template <bool kHalf, bool kFp8>
-__global__ void dsa_kernel(MlaWriteParams mla, IndexerWriteParams idx) {
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) dsa_kernel(MlaWriteParams mla,
+                                                                     IndexerWriteParams idx) {
   const int64_t t = warp_row();
   if (t >= mla.num_tokens) return;
   const int lane = threadIdx.x % kWarp;
-  if constexpr (kFp8) mla_fp8_row<kHalf>(mla, t, lane); else mla_auto_row(mla, t, lane);
-  indexer_row<kHalf>(idx, t, lane);
+  const int64_t slot = mla.slots[t];
+  const IndexerInputs k = load_indexer(idx, t, lane);
+  if constexpr (kFp8) {
+    MlaInputs in = load_mla_fp8(mla, t, lane);
+    store_mla_fp8<kHalf>(mla, slot, in, lane);
+  } else {
+    mla_auto_row(mla, slot, t, lane);
+  }
+  store_indexer<kHalf>(idx, slot, k, lane);
 }
 
 // ---- Plain rows: one warp per (token, head) row. ----
