@@ -1,11 +1,8 @@
 // Small device helpers: warp-cooperative byte copies at the widest aligned width, fp8/bf16
-// packing, and launch-error reporting.
+// packing, warp reductions. Only CUDA built-ins (uint4, __shfl_xor_sync, threadIdx, ...), which
+// tests/simt/simt_host.h also provides on the host.
 #pragma once
-#include <cuda_runtime.h>
-
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 
 #include "../numerics.h"
 
@@ -13,12 +10,6 @@ namespace kvc::cuda {
 
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;  // tokens per thread block for the one-warp-per-row kernels
-
-inline void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
 
 inline unsigned grid_for(int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);

@@ -1,0 +1,86 @@
+// The CUDA kernels, run on CPU tensors through tests/simt/simt_host.h: each function builds the
+// kernel parameters exactly as the op does (op_args.cpp) and calls the same dispatch_* as
+// csrc/cuda/*.cu, with a host launch instead of a stream launch. Like the CUDA ops, nothing
+// here checks slot or block-table values first: the kernels must skip or zero what is invalid.
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+
+#include "op_args.h"
+#include "simt_host.h"
+// after simt_host.h:
+#include "cuda/gather_kernels.cuh"
+#include "cuda/write_kernels.cuh"
+
+namespace {
+
+using at::Tensor;
+using kvc::simt::HostLaunch;
+using Launch = HostLaunch<kvc::cuda::kWarpsPerBlock * kvc::cuda::kWarp>;
+using OptS = std::optional<std::string>;
+
+kvc::OptStr osv(const OptS& s) { return s ? kvc::OptStr(*s) : std::nullopt; }
+
+void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot_mapping,
+                       const std::string& kv_cache_dtype, const std::optional<Tensor>& scale) {
+  const auto p = kvc::plain_write_args(key, view, slot_mapping, kv_cache_dtype, scale);
+  if (p.num_tokens) kvc::cuda::dispatch_plain_write(p, Launch{});
+}
+
+void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& view,
+                          const Tensor& slot_mapping, const std::string& kv_cache_dtype) {
+  const auto p = kvc::mla_write_args(kv_c, k_pe, view, slot_mapping, kv_cache_dtype);
+  if (p.num_tokens) kvc::cuda::dispatch_mla_write(p, Launch{});
+}
+
+void indexer_k_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping,
+                               const OptS& scale_fmt, const std::string& placement) {
+  const auto p = kvc::indexer_write_args(k, view, slot_mapping, osv(scale_fmt), placement);
+  if (p.num_tokens) kvc::cuda::dispatch_indexer_write(p, Launch{});
+}
+
+void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, const Tensor& k_idx,
+               const Tensor& indexer_view, const Tensor& slot_mapping,
+               const std::string& kv_cache_dtype, const OptS& scale_fmt,
+               const std::string& placement) {
+  const auto mla = kvc::mla_write_args(kv_c, k_pe, mla_view, slot_mapping, kv_cache_dtype);
+  const auto idx = kvc::indexer_write_args(k_idx, indexer_view, slot_mapping, osv(scale_fmt),
+                                           placement);
+  if (mla.num_tokens) kvc::cuda::dispatch_dsa_write(mla, idx, Launch{});
+}
+
+kvc::GatherSource source(const std::optional<Tensor>& block_table,
+                         const std::optional<Tensor>& cu_seq_lens,
+                         const std::optional<Tensor>& seq_starts, const std::optional<Tensor>& slots) {
+  return {block_table, cu_seq_lens, seq_starts, slots};
+}
+
+void gather_mla(const Tensor& view, const std::optional<Tensor>& block_table,
+                const std::optional<Tensor>& cu_seq_lens, const std::optional<Tensor>& seq_starts,
+                const std::optional<Tensor>& slots, const std::string& kv_cache_dtype,
+                const Tensor& out) {
+  const auto p = kvc::mla_gather_args(view, source(block_table, cu_seq_lens, seq_starts, slots),
+                                      kv_cache_dtype, out);
+  if (p.num_tokens) kvc::cuda::dispatch_mla_gather(p, Launch{});
+}
+
+void gather_indexer(const Tensor& view, const std::optional<Tensor>& block_table,
+                    const std::optional<Tensor>& cu_seq_lens, const std::optional<Tensor>& seq_starts,
+                    const std::optional<Tensor>& slots, const std::string& placement,
+                    const Tensor& codes, const Tensor& scales) {
+  const auto p = kvc::indexer_gather_args(view, source(block_table, cu_seq_lens, seq_starts, slots),
+                                          placement, codes, scales);
+  if (p.num_tokens) kvc::cuda::dispatch_indexer_gather(p, Launch{});
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("reshape_and_cache", &reshape_and_cache);
+  m.def("concat_and_cache_mla", &concat_and_cache_mla);
+  m.def("indexer_k_quant_and_cache", &indexer_k_quant_and_cache);
+  m.def("dsa_write", &dsa_write);
+  m.def("gather_mla", &gather_mla);
+  m.def("gather_indexer", &gather_indexer);
+}

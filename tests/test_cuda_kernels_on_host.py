@@ -1,0 +1,160 @@
+"""The CUDA kernels, executed on the host (tests/simt/), give the CPU kernels' bytes.
+
+CI has no GPU, so without this the code in csrc/cuda/*_kernels.cuh would only be compiled.
+tests/simt/simt_host.h runs each CUDA thread as a host thread (warp shuffles included) through
+the same dispatch functions the CUDA ops use, on CPU tensors. Every write lands in a poisoned,
+guarded allocation and is compared byte for byte, guard bytes included, with the CPU op's;
+gathers write into poisoned, strided outputs. The CUDA semantics differ from the CPU ops' in
+one way, by design: a slot outside the view is skipped instead of rejected, so the CPU oracle
+gets those tokens as padding (-1). On a GPU, tests/test_cuda_graphs.py checks the real thing.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import kvcache_ext as kvc
+
+from conftest import guarded
+
+ROOT = Path(__file__).resolve().parent.parent
+BAD = 10**9  # a slot far outside any view
+
+
+@pytest.fixture(scope="module")
+def simt():
+    from torch.utils.cpp_extension import load
+    build = ROOT / "build" / "simt_host"
+    build.mkdir(parents=True, exist_ok=True)
+    return load(name="kvc_simt_host",
+                sources=[str(ROOT / "tests/simt/simt_ops.cpp"), str(ROOT / "csrc/op_args.cpp")],
+                extra_include_paths=[str(ROOT / "csrc"), str(ROOT / "tests/simt")],
+                extra_cflags=["-O1", "-std=c++20", "-ffp-contract=off", "-fno-trapping-math"],
+                build_directory=str(build), verbose=False)
+
+
+def plan_for(layout: str, block_size: int) -> kvc.CachePlan:
+    specs = [kvc.CacheSpec("mla", 656, 2), kvc.CacheSpec("indexer", 132, 2),
+             kvc.CacheSpec("mla_auto", 1152, 1), kvc.CacheSpec("kv", 2 * 64, 1, 2),
+             kvc.CacheSpec("kv_odd", 2 * 5, 1, 3), kvc.CacheSpec("kv8", 5, 1, 3)]
+    return kvc.plan_cache(specs, num_blocks=max(4, 160 // block_size), block_size=block_size,
+                          layout=layout)
+
+
+def slots_for(plan: kvc.CachePlan, t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(CUDA slots with padding and out-of-range entries, the CPU oracle's slots)."""
+    g = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(plan.num_slots, generator=g)[:t].to(torch.int64)
+    slots[::7] = -1
+    slots[3::11] = plan.num_slots + torch.arange(len(slots[3::11]))  # just past the view
+    slots[5::13] = BAD
+    oracle = torch.where(slots >= plan.num_slots, -1, slots)
+    return slots, oracle
+
+
+def inputs(t: int, seed: int, dtype: torch.dtype):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(t, 600, generator=g) * 5).to(dtype)  # rows wider than used: strided inputs
+    x[::9, ::5] = 0
+    x[4, 7] = float("nan")
+    x[6, 100:110] = float("inf")
+    x[8, :128] = 1e-30  # an all-tiny tile
+    k = (torch.randn(t, 128, generator=g) * 2).to(dtype)
+    k[2] = 0
+    return x[:, :512], x[:, 512:576], k
+
+
+@pytest.mark.parametrize("layout", kvc.LAYOUTS)
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_writes_give_the_cpu_bytes(simt, layout, block_size, dtype):
+    plan = plan_for(layout, block_size)
+    t = 67
+    slots, oracle = slots_for(plan, t, seed=block_size)
+    kv_c, k_pe, k = inputs(t, seed=1, dtype=dtype)
+    g = torch.Generator().manual_seed(2)
+    key = torch.randn(t, 2, 64, generator=g).to(dtype)
+    key_odd = torch.randn(t, 3, 8, generator=g).to(dtype)[:, :, :5]  # strided heads
+    key8 = torch.randn(t, 3, 5, generator=g)
+    scale = torch.tensor([0.5])
+    cuda_gc, cpu_gc = guarded(plan, seed=3), guarded(plan, seed=3)
+    for gc, s, ops in ((cuda_gc, slots, simt), (cpu_gc, oracle, kvc.ops)):
+        ops.dsa_write(kv_c, k_pe, gc.view("mla", 0), k, gc.view("indexer", 0), s, "fp8_ds_mla",
+                      "ue8m0", "split")
+        ops.dsa_write(kv_c, k_pe, gc.view("mla_auto", 0), k, gc.view("indexer", 1), s, "auto",
+                      None, "row")
+        ops.concat_and_cache_mla(kv_c, k_pe, gc.view("mla", 1), s, "fp8_ds_mla")
+        ops.indexer_k_quant_and_cache(k[:40], gc.view("indexer", 1), s[:40], None, "split")
+        ops.reshape_and_cache(key, gc.view("kv", 0), s, "auto", None)
+        ops.reshape_and_cache(key_odd, gc.view("kv_odd", 0), s, "auto", None)
+        ops.reshape_and_cache(key8, gc.view("kv8", 0), s, "fp8", scale)
+    written = cpu_gc.whole != guarded(plan, seed=3).whole
+    assert written.sum() > t * 656  # the oracle wrote rows: an emulator doing nothing would fail
+    if not torch.equal(cuda_gc.whole, cpu_gc.whole):
+        diff = torch.nonzero(cuda_gc.whole != cpu_gc.whole).squeeze(1)
+        raise AssertionError(f"{diff.numel()} bytes differ, first at {diff[:8].tolist()}")
+
+
+def poisoned(*shape: int, dtype: torch.dtype, pad: int) -> torch.Tensor:
+    """An output [*shape] whose rows sit inside wider poisoned rows (row stride not 16-B aligned)."""
+    whole = torch.randint(0, 256, (*shape[:-1], (shape[-1] + pad) * torch.empty(0, dtype=dtype).element_size()),
+                          dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
+    return whole.view(dtype)[..., 1:1 + shape[-1]]
+
+
+@pytest.mark.parametrize("layout", kvc.LAYOUTS)
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_gathers_give_the_cpu_bytes(simt, layout, block_size):
+    plan = plan_for(layout, block_size)
+    gc = guarded(plan, seed=4)
+    n = plan.num_slots
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(n, 576, generator=g) * 4).to(torch.bfloat16)
+    k = torch.randn(n, 128, generator=g).to(torch.bfloat16)
+    every = torch.arange(n)
+    kvc.ops.dsa_write(x[:, :512], x[:, 512:], gc.view("mla", 1), k, gc.view("indexer", 1), every,
+                      "fp8_ds_mla", "ue8m0", "split")
+    kvc.ops.dsa_write(x[:, :512], x[:, 512:], gc.view("mla_auto", 0), k, gc.view("indexer", 0),
+                      every, "auto", None, "row")
+    nb = plan.num_blocks
+    # Three requests (one empty), a table with entries outside the view, and skipped prefixes.
+    lens = [min(70, n // 3), 0, min(45, n // 4)]
+    width = -(-max(lens) // block_size) + 3
+    table = torch.randint(-2, nb + 2, (3, width), generator=g, dtype=torch.int32)
+    cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    starts = torch.tensor([0, 0, 2 * block_size - 1], dtype=torch.int32)
+    total = int(cu[-1]) + 5  # rows past the last request read as zeros
+    slots = torch.randint(-1, n + 3, (40,), generator=g)
+    slots[7] = BAD
+    mla_modes = [("mla", "fp8_ds_mla", torch.bfloat16, 576), ("mla", "fp8_ds_mla", torch.float32, 576),
+                 ("mla", "fp8_ds_mla", torch.uint8, 656), ("mla_auto", "auto", torch.bfloat16, 576)]
+    for name, kv, dtype, width_out in mla_modes:
+        view = gc.view(name, 1 if name == "mla" else 0)
+        for src in ((table, cu, starts, None, total), (None, None, None, slots, slots.numel())):
+            table_, cu_, starts_, slots_, rows = src
+            got = poisoned(rows, width_out, dtype=dtype, pad=3)
+            want = got.clone()
+            simt.gather_mla(view, table_, cu_, starts_, slots_, kv, got)
+            if slots_ is None:
+                kvc.ops.gather_mla(view, table_, cu_, kv, seq_starts=starts_, out=want,
+                                   validate=False)
+            else:
+                kvc.ops.gather_mla_slots(view, slots_, kv, out=want, validate=False)
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (name, kv, dtype, src[3] is None)
+    for placement, layer in (("split", 1), ("row", 0)):
+        view = gc.view("indexer", layer)
+        for table_, cu_, starts_, slots_, rows in ((table, cu, starts, None, total),
+                                                   (None, None, None, slots, slots.numel())):
+            got = (poisoned(rows, 128, dtype=torch.uint8, pad=5), torch.full((rows,), -7.0))
+            want = (got[0].clone(), got[1].clone())
+            simt.gather_indexer(view, table_, cu_, starts_, slots_, placement, *got)
+            if slots_ is None:
+                kvc.ops.gather_indexer(view, table_, cu_, placement, seq_starts=starts_, out=want,
+                                       validate=False)
+            else:
+                kvc.ops.gather_indexer_slots(view, slots_, placement, out=want, validate=False)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.int32),
+                                                                want[1].view(torch.int32))
+            assert (got[0] != 0).any()  # real rows were read, not only zero rows
