@@ -48,7 +48,7 @@ step() {
   timeout -k 10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
   note "$name rc=$rc ($((SECONDS - t0)) s$([ "$rc" = 124 ] && echo ", timed out at $limit s"))"
-  if [ "$rc" != 0 ]; then status=1; tail -30 "$LOGS/$name.log" | tee -a "$OUT/summary.txt"; fi
+  if [ "$rc" != 0 ]; then status=1; { tail -30 "$LOGS/$name.log"; echo; } | tee -a "$OUT/summary.txt"; fi
   return "$rc"
 }
 
@@ -61,7 +61,7 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1
 note "device=$DEVICE budget=${BUDGET_S}s full=${FULL:-0} commit=$(git rev-parse --short HEAD 2>/dev/null)"
 
 step build 300 $PY setup.py build_ext --inplace || exit 1
-step tests 240 $PY -m pytest -q -rfE -p no:cacheprovider tests
+step tests 300 $PY -m pytest -q -rfE -p no:cacheprovider tests
 grep -E "passed|failed" "$LOGS/tests.log" | tail -1 | sed 's/^/gpu_check: tests: /' \
   | tee -a "$OUT/summary.txt"
 if [ "$DRY" = 1 ]; then
