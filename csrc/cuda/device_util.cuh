@@ -23,19 +23,29 @@ __device__ __forceinline__ bool aligned(const void* p, unsigned bytes) {
   return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
 }
 
+// Every vector access goes through vec<V>(p). Under the host emulation (tests/simt) it also
+// checks the alignment a GPU requires, which the host's own loads would not enforce.
+template <class V, class T>
+__device__ __forceinline__ V* vec(T* p) {
+#if defined(KVC_SIMT_CHECK_ALIGNED)
+  KVC_SIMT_CHECK_ALIGNED(p, sizeof(V));
+#endif
+  return reinterpret_cast<V*>(p);
+}
+
 // n bytes from src to dst by the lanes of one warp, 16/8/4/1 bytes at a time.
 __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int64_t n, int lane) {
   const uintptr_t mix = reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) |
                         static_cast<uintptr_t>(n);
   if ((mix & 15) == 0) {
     for (int64_t i = lane; i < n / 16; i += kWarp)
-      reinterpret_cast<uint4*>(dst)[i] = reinterpret_cast<const uint4*>(src)[i];
+      vec<uint4>(dst)[i] = vec<const uint4>(src)[i];
   } else if ((mix & 7) == 0) {
     for (int64_t i = lane; i < n / 8; i += kWarp)
-      reinterpret_cast<uint2*>(dst)[i] = reinterpret_cast<const uint2*>(src)[i];
+      vec<uint2>(dst)[i] = vec<const uint2>(src)[i];
   } else if ((mix & 3) == 0) {
     for (int64_t i = lane; i < n / 4; i += kWarp)
-      reinterpret_cast<uint32_t*>(dst)[i] = reinterpret_cast<const uint32_t*>(src)[i];
+      vec<uint32_t>(dst)[i] = vec<const uint32_t>(src)[i];
   } else {
     for (int64_t i = lane; i < n; i += kWarp) dst[i] = src[i];
   }
@@ -43,7 +53,7 @@ __device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int6
 
 __device__ __forceinline__ void warp_zero(uint8_t* dst, int64_t n, int lane) {
   if (((reinterpret_cast<uintptr_t>(dst) | static_cast<uintptr_t>(n)) & 15) == 0) {
-    for (int64_t i = lane; i < n / 16; i += kWarp) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0, 0, 0, 0);
+    for (int64_t i = lane; i < n / 16; i += kWarp) vec<uint4>(dst)[i] = make_uint4(0, 0, 0, 0);
   } else {
     for (int64_t i = lane; i < n; i += kWarp) dst[i] = 0;
   }
@@ -57,13 +67,13 @@ __device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&w)[N]
     if (aligned(dst, 16)) {
 #pragma unroll
       for (int i = 0; i < N; i += 4)
-        reinterpret_cast<uint4*>(dst)[i / 4] = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
+        vec<uint4>(dst)[i / 4] = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
       return;
     }
   }
   if (aligned(dst, 4)) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) reinterpret_cast<uint32_t*>(dst)[i] = w[i];
+    for (int i = 0; i < N; ++i) vec<uint32_t>(dst)[i] = w[i];
     return;
   }
 #pragma unroll
@@ -77,7 +87,7 @@ __device__ __forceinline__ void load_words(const uint8_t* src, uint32_t (&w)[N])
     if (aligned(src, 16)) {
 #pragma unroll
       for (int i = 0; i < N; i += 4) {
-        const uint4 v = reinterpret_cast<const uint4*>(src)[i / 4];
+        const uint4 v = vec<const uint4>(src)[i / 4];
         w[i] = v.x; w[i + 1] = v.y; w[i + 2] = v.z; w[i + 3] = v.w;
       }
       return;
@@ -87,7 +97,7 @@ __device__ __forceinline__ void load_words(const uint8_t* src, uint32_t (&w)[N])
     if (aligned(src, 8)) {
 #pragma unroll
       for (int i = 0; i < N; i += 2) {
-        const uint2 v = reinterpret_cast<const uint2*>(src)[i / 2];
+        const uint2 v = vec<const uint2>(src)[i / 2];
         w[i] = v.x; w[i + 1] = v.y;
       }
       return;
@@ -95,7 +105,7 @@ __device__ __forceinline__ void load_words(const uint8_t* src, uint32_t (&w)[N])
   }
   if (aligned(src, 4)) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) w[i] = reinterpret_cast<const uint32_t*>(src)[i];
+    for (int i = 0; i < N; ++i) w[i] = vec<const uint32_t>(src)[i];
     return;
   }
 #pragma unroll

@@ -12,7 +12,9 @@
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <cstddef>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
+#define KVC_SIMT_CHECK_ALIGNED(p, bytes) ::kvc::simt::check_aligned(p, bytes)
 
 struct uint2 { unsigned x, y; };
 struct uint4 { unsigned x, y, z, w; };
@@ -32,6 +35,12 @@ inline thread_local SimtIndex threadIdx, blockIdx;
 namespace kvc::simt {
 
 constexpr int kWarpSize = 32;
+
+// Vector accesses a GPU would fault on (device_util.cuh routes them all through vec<V>()).
+inline std::atomic<int> misaligned{0};
+inline void check_aligned(const void* p, std::size_t bytes) {
+  if (reinterpret_cast<std::uintptr_t>(p) % bytes != 0) misaligned.store(static_cast<int>(bytes));
+}
 
 // The lanes of one warp meet at every shuffle. A lane that never arrives (a shuffle under
 // divergent control flow, undefined behaviour on a GPU) marks the warp broken after a timeout
@@ -83,6 +92,7 @@ struct HostLaunch {
   void operator()(void (*kernel)(Params...), unsigned grid, const Args&... args) const {
     static_assert(kThreadsPerBlock % kWarpSize == 0, "whole warps");
     Warp warp;
+    misaligned.store(0);
     std::vector<std::thread> lanes;
     for (int lane = 0; lane < kWarpSize; ++lane) {
       lanes.emplace_back([&, lane] {
@@ -98,6 +108,8 @@ struct HostLaunch {
     }
     for (auto& th : lanes) th.join();
     if (warp.broken()) throw std::runtime_error("simt: a lane missed a warp shuffle (divergent shuffle)");
+    if (const int bytes = misaligned.load())
+      throw std::runtime_error("simt: a misaligned " + std::to_string(bytes) + "-byte vector access");
   }
 };
 
