@@ -23,17 +23,57 @@ class Result:
     graph: bool                # timed as CUDA-graph replay
 
 
+@dataclass
+class Target:
+    name: str
+    met: bool | None  # None: nothing measured that it applies to
+    detail: str       # the cases that miss it, or the closest case
+
+
+def targets(results: list[Result], device_type: str) -> list[Target]:
+    """The performance targets of the project (issue 5), checked on this run's figures."""
+    def check(name: str, cases: list[Result], ok, show) -> Target:
+        if not cases:
+            return Target(name, None, "not measured in this run")
+        misses = [r for r in cases if not ok(r)]
+        worst = misses or [min(cases, key=lambda r: show(r)[0])]
+        text = ", ".join(f"{r.op} {r.layout} T={r.tokens}: {show(r)[1]}" for r in worst[:12])
+        more = f" (+{len(misses) - 12} more)" if len(misses) > 12 else ""
+        return Target(name, not misses, ("misses: " if misses else "closest: ") + text + more)
+
+    at_16k = [r for r in results if r.tokens == 16384 and r.speedup is not None]
+    if device_type != "cuda":
+        return [check("CPU: >= 5x the torch reference at T = 16384", at_16k,
+                      lambda r: r.speedup >= 5, lambda r: (r.speedup, f"{r.speedup:.1f}x"))]
+    return [
+        check("CUDA: >= 85% of the copy bandwidth at T >= 16384",
+              [r for r in results if r.tokens >= 16384], lambda r: r.pct_copy >= 85,
+              lambda r: (r.pct_copy, f"{r.pct_copy:.0f}% ({r.pct_same_copy:.0f}% of a same-size copy)")),
+        check("CUDA: <= 5 us per call at T <= 64 under graph replay",
+              [r for r in results if r.tokens <= 64 and r.graph], lambda r: r.us <= 5,
+              lambda r: (-r.us, f"{r.us:.2f} us")),
+        check("CUDA: >= 10x the eager torch path at T = 16384", at_16k,
+              lambda r: r.speedup >= 10, lambda r: (r.speedup, f"{r.speedup:.1f}x")),
+    ]
+
+
 def _fmt(v: float | None, f: str) -> str:
     return "-" if v is None else format(v, f)
 
 
-def markdown(results: list[Result], copy_gbps: float, copies: list[dict], meta: dict) -> str:
+def markdown(results: list[Result], copy_gbps: float, copies: list[dict], meta: dict,
+             goals: list[Target]) -> str:
     lines = [f"# kvcache_ext benchmark: {meta['device_name']}", "",
              f"torch {meta['torch']}, CUDA {meta['cuda']}, commit {meta['commit'][:12]}, {meta['date']}",
              f"device copy bandwidth (read + write, {meta['copy_bytes'] >> 20} MiB copy): "
              f"{copy_gbps:.1f} GB/s", ""]
     if not meta.get("complete", True):
         lines += [f"**Incomplete run**: {meta.get('stopped', 'stopped early')}.", ""]
+    lines += ["## Targets", ""]
+    for t in goals:
+        verdict = "n/a" if t.met is None else "met" if t.met else "**not met**"
+        lines.append(f"- {t.name}: {verdict}; {t.detail}")
+    lines += ["", "## Ops", ""]
     lines += ["| op | layout | T | us/call | GB/s | % of copy BW | % of same-size copy | "
               "torch eager us | speed-up | torch.compile us | graph |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
@@ -86,9 +126,10 @@ def write(out: Path, tag: str, results: list[Result], copy_gbps: float, copies: 
           meta: dict, with_plot: bool) -> None:
     """Markdown and JSON (rewritten as the run goes, so a stopped run leaves what it measured);
     the plot when with_plot."""
-    (out / f"bench_{tag}.md").write_text(markdown(results, copy_gbps, copies, meta))
+    goals = targets(results, "cuda" if meta["device"].startswith("cuda") else "cpu")
+    (out / f"bench_{tag}.md").write_text(markdown(results, copy_gbps, copies, meta, goals))
     (out / f"bench_{tag}.json").write_text(json.dumps(
-        {"meta": meta, "copy_gbps": copy_gbps, "results": [asdict(r) for r in results],
-         "block_copies": copies}, indent=1))
+        {"meta": meta, "copy_gbps": copy_gbps, "targets": [asdict(t) for t in goals],
+         "results": [asdict(r) for r in results], "block_copies": copies}, indent=1))
     if with_plot:
         plot(results, out / f"bench_{tag}.png")

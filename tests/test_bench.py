@@ -67,3 +67,23 @@ def test_profile_reports_each_op(tmp_path):
         assert c["event_us"] > 0
         assert c["kernels"] and c["kernels"][0]["name"].startswith("kvcache_ext::")
         assert c["kernels"][0]["count"] == 3
+
+
+def test_targets_name_the_cases_that_miss():
+    from bench_report import Result, targets
+
+    def result(op, tokens, us, pct, speedup, graph):
+        return Result(op, "BLHNC", tokens, us, 1000, 1.0, pct, us, 100.0, speedup * us, speedup,
+                      None, graph)
+
+    good = [result("a", 16384, 10, 90, 12, False), result("c", 64, 4, 5, 20, True)]
+    assert [t.met for t in targets(good, "cuda")] == [True, True, True]
+    bad = good + [result("b", 65536, 10, 80, 9, False), result("d", 16384, 10, 95, 9.5, False),
+                  result("e", 8, 6.5, 1, 30, True)]
+    bandwidth, latency, speedup = targets(bad, "cuda")
+    assert not bandwidth.met and "b BLHNC T=65536: 80%" in bandwidth.detail and "a BLHNC" not in bandwidth.detail
+    assert not latency.met and "e BLHNC T=8: 6.50 us" in latency.detail and "c BLHNC" not in latency.detail
+    assert not speedup.met and "d BLHNC T=16384: 9.5x" in speedup.detail
+    (cpu,) = targets(bad, "cpu")
+    assert cpu.met and "d BLHNC T=16384: 9.5x" in cpu.detail  # the closest case
+    assert [t.met for t in targets([], "cuda")] == [None, None, None]
