@@ -10,7 +10,6 @@
 namespace kvc::cuda {
 namespace {
 
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return float_to_bf16(lo) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
 }

@@ -12,7 +12,6 @@
 namespace kvc::cuda {
 namespace {
 
-
 __device__ __forceinline__ const uint8_t* elem(const void* base, int64_t i, int64_t esize) {
   return static_cast<const uint8_t*>(base) + i * esize;
 }
