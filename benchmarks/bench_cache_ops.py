@@ -66,8 +66,8 @@ class SameSizeCopy:
     a pool larger than L2 and timed like the op (graph replay or not): the best a kernel moving
     that many bytes can hope for, launch and ramp-up included."""
 
-    def __init__(self, device: torch.device, repeats: int):
-        self.device, self.repeats = device, repeats
+    def __init__(self, device: torch.device, repeats: int, l2_flush: torch.Tensor | None):
+        self.device, self.repeats, self.l2_flush = device, repeats, l2_flush
         self.measured: dict[tuple[int, bool], float] = {}
 
     def us(self, nbytes: int, graph: bool) -> float:
@@ -77,7 +77,8 @@ class SameSizeCopy:
             src = torch.ones(sets, half, dtype=torch.uint8, device=self.device)
             dst = torch.empty_like(src)
             calls = [lambda i=i: dst[i].copy_(src[i]) for i in range(sets)]
-            self.measured[(half, graph)] = time_calls(calls, self.device, self.repeats, graph)
+            self.measured[(half, graph)] = time_calls(calls, self.device, self.repeats, graph,
+                                                      l2_flush=self.l2_flush)
         return self.measured[(half, graph)]
 
 
@@ -169,10 +170,12 @@ def block_copy_results(device: torch.device, repeats: int, quick: bool) -> list[
     return rows
 
 
-def try_compile(fn: Callable[[int], object], device: torch.device, repeats: int) -> float | None:
+def try_compile(fn: Callable[[int], object], device: torch.device, repeats: int,
+                l2_flush: torch.Tensor | None) -> float | None:
     try:
         compiled = torch.compile(lambda: fn(0))
-        return time_calls([compiled], device, max(3, repeats // 4), use_graph=False)
+        return time_calls([compiled], device, max(3, repeats // 4), use_graph=False,
+                          l2_flush=l2_flush)
     except Exception as e:  # noqa: BLE001  (report and continue: not every path compiles)
         print(f"  torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
         return None
@@ -233,7 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     with nvtx("copy bandwidth"):
         copy_gbps, meta["copy_bytes"] = copy_bandwidth(device, repeats)
     print(f"{meta['device_name']}: copy bandwidth {copy_gbps:.1f} GB/s (read + write)")
-    same_size = SameSizeCopy(device, repeats)
+    # Read before every sample on a GPU: calls find their data in DRAM, not in L2.
+    l2_flush = (torch.ones(ROTATE_BYTES, dtype=torch.uint8, device=device)
+                if device.type == "cuda" else None)
+    same_size = SameSizeCopy(device, repeats, l2_flush)
     results: list[Result] = []
     copies: list[dict] = []
 
@@ -249,11 +255,12 @@ def main(argv: list[str] | None = None) -> int:
             for case in cases:
                 with nvtx(f"{case.name} {layout} T={tokens}"):
                     calls = [lambda i=i: case.kernel(i) for i in range(sets)]
-                    us = time_calls(calls, device, repeats, graph)
+                    us = time_calls(calls, device, repeats, graph, l2_flush=l2_flush)
                     torch_us = None
                     if case.torch_path is not None and (tokens <= 16384 or not quick):
                         torch_us = time_calls([lambda: case.torch_path(0)], device,
-                                              max(3, repeats // 5), use_graph=False)
+                                              max(3, repeats // 5), use_graph=False,
+                                              l2_flush=l2_flush)
                 with nvtx(f"same-size copy {case.bytes} B"):
                     copy_us = same_size.us(case.bytes, graph)
                 gbps = case.bytes / us / 1e3
@@ -283,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
                 if budget.spent() or case.torch_path is None:
                     continue
                 with nvtx(f"torch.compile {case.name} {layout} T={COMPILE_T}"):
-                    compiled_us = try_compile(case.torch_path, device, repeats)
+                    compiled_us = try_compile(case.torch_path, device, repeats, l2_flush)
                 for r in results:
                     if (r.op, r.layout, r.tokens) == (case.name, layout, COMPILE_T):
                         r.compiled_us = compiled_us

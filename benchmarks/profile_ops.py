@@ -42,13 +42,16 @@ def is_kernel(evt) -> bool:
     return evt.cpu_time_total == 0
 
 
-def profile_case(fns: list, device: torch.device, calls: int) -> list[dict]:
+def profile_case(fns: list, device: torch.device, calls: int,
+                 l2_flush: torch.Tensor | None) -> list[dict]:
     """Kernels (or, on a CPU, ops) run by `calls` calls rotated over fns (as the benchmark
-    rotates its input sets), with average microseconds."""
+    rotates its input sets, and with its L2 flush between calls), with average microseconds."""
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync(device)
     with profile(activities=activities) as prof:
         for i in range(calls):
+            if l2_flush is not None:
+                l2_flush.sum()
             fns[i % len(fns)]()
         sync(device)
     rows = []
@@ -60,6 +63,11 @@ def profile_case(fns: list, device: torch.device, calls: int) -> list[dict]:
         elif evt.key.startswith("kvcache_ext::"):
             rows.append({"name": evt.key, "count": evt.count, "avg_us": evt.cpu_time_total / evt.count})
     return sorted(rows, key=lambda r: -r["avg_us"] * r["count"])
+
+
+def ours(kernels: list[dict]) -> dict | None:
+    """The op's own kernel (not the L2 flush's reduction)."""
+    return next((k for k in kernels if "kvc" in k["name"]), None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     tag = device.type
+    l2_flush = (torch.ones(256 << 20, dtype=torch.uint8, device=device)
+                if device.type == "cuda" else None)
     record = []
     lines = [f"# kvcache_ext under torch.profiler: "
              f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}", "",
@@ -87,14 +97,14 @@ def main(argv: list[str] | None = None) -> int:
         sets, cases = build_cases(args.layout, tokens, device, gen)
         for case in cases:
             fns = [lambda i=i: case.kernel(i) for i in range(sets)]
-            event_us = time_calls(fns, device, args.calls, use_graph=False)
-            kernels = profile_case(fns, device, args.calls)
+            event_us = time_calls(fns, device, args.calls, use_graph=False, l2_flush=l2_flush)
+            kernels = profile_case(fns, device, args.calls, l2_flush)
             record.append({"op": case.name, "tokens": tokens, "event_us": event_us, "kernels": kernels})
             for k in kernels or [{"name": "(none recorded)", "count": 0, "avg_us": 0.0}]:
                 name = k["name"] if len(k["name"]) < 70 else k["name"][:67] + "..."
                 lines.append(f"| {case.name} | {tokens} | {event_us:.2f} | `{name}` | {k['count']} | "
                              f"{k['avg_us']:.2f} |")
-            top = kernels[0]["avg_us"] if kernels else float("nan")
+            top = ours(kernels)["avg_us"] if ours(kernels) else float("nan")
             print(f"{case.name:<28}{tokens:>7}  event {event_us:9.2f} us  profiler {top:9.2f} us",
                   flush=True)
         if args.trace:
@@ -105,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                 sync(device)
             prof.export_chrome_trace(str(out / f"profile_{tag}_trace.json"))
         del cases
-    ratios = [r["event_us"] / r["kernels"][0]["avg_us"] for r in record
-              if r["kernels"] and r["kernels"][0]["avg_us"] > 0]
+    ratios = [r["event_us"] / ours(r["kernels"])["avg_us"] for r in record
+              if ours(r["kernels"]) and ours(r["kernels"])["avg_us"] > 0]
     if ratios:
         lines += ["", f"event / profiler time: median {statistics.median(ratios):.2f}, "
                       f"range {min(ratios):.2f} to {max(ratios):.2f}"]

@@ -8,6 +8,11 @@ default) a spin kernel is queued ahead of the start event, long enough to cover 
 enqueue of the timed call, so the events bracket the device work alone. Pass
 `hide_launch=False` to time what the caller waits for, host issue included (block copies,
 whose cost is the number of spans the host issues).
+
+`l2_flush`, a device buffer larger than the L2 cache, is read before every sample, so that each
+call (every call of a replayed graph too) finds its inputs and cache rows in DRAM, not in L2.
+A read leaves clean lines, which cost nothing to evict, where a write would leave dirty lines
+to be written back during the timed call.
 """
 from __future__ import annotations
 
@@ -39,7 +44,8 @@ def _host_us(run: Callable[[int], object], device: torch.device) -> float:
 
 
 def time_calls(fns: list[Callable[[], object]], device: torch.device, repeats: int,
-               use_graph: bool, hide_launch: bool = True) -> float:
+               use_graph: bool, hide_launch: bool = True,
+               l2_flush: torch.Tensor | None = None) -> float:
     """Median microseconds of one call; fns are rotated (each a call on other inputs). With
     use_graph, one CUDA graph holds a call on every input set and is replayed."""
     for f in fns:  # warm-up
@@ -73,6 +79,8 @@ def time_calls(fns: list[Callable[[], object]], device: torch.device, repeats: i
     samples = []
     for i in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if l2_flush is not None:
+            l2_flush.sum()
         if spin:
             torch.cuda._sleep(spin)  # device busy while the host enqueues what follows
         start.record()
