@@ -52,9 +52,10 @@ step() {
   return "$rc"
 }
 
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 {
   date -u; git rev-parse HEAD 2>/dev/null; uname -a
-  nvidia-smi 2>&1; nvcc --version 2>&1 | tail -2; compute-sanitizer --version 2>&1 | head -2
+  nvidia-smi 2>&1; nvcc --version 2>&1 | tail -2; "${SANITIZER:-compute-sanitizer}" --version 2>&1 | head -2
   $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda,
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')" 2>&1
 } >"$LOGS/machine.txt"
@@ -66,8 +67,8 @@ grep -E "passed|failed" "$LOGS/tests.log" | tail -1 | sed 's/^/gpu_check: tests:
   | tee -a "$OUT/summary.txt"
 if [ "$DRY" = 1 ]; then
   note "memcheck skipped (DRY)"
-elif command -v compute-sanitizer >/dev/null 2>&1; then
-  step memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 1 $PY benchmarks/sanitize_case.py
+elif [ -n "$SANITIZER" ]; then
+  step memcheck 180 "$SANITIZER" --tool memcheck --error-exitcode 1 $PY benchmarks/sanitize_case.py
   grep -E "ERROR SUMMARY" "$LOGS/memcheck.log" | sed 's/^/gpu_check: memcheck: /' | tee -a "$OUT/summary.txt"
 else
   note "compute-sanitizer not found"; status=1
