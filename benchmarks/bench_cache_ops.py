@@ -5,7 +5,8 @@
 For each op, layout (LBNHC and BLHNC by default, block size 64) and T in
 {1, 8, 64, 512, 4096, 16384, 65536}: microseconds per call (median of many repeats after a
 warm-up; CUDA events around device work only, see kvcache_ext/timing.py, with CUDA-graph replay
-for T <= 512; inputs rotated through enough copies that the L2 cache cannot hold them), GB/s
+for T <= 512; inputs rotated through up to 64 copies and, on a GPU, the L2 cache flushed by a
+256 MiB read before every sample, so calls find their data in DRAM), GB/s
 counting bytes read + written once, that as a share of the device's copy bandwidth measured in
 the same run (a 1 GiB copy) and against a torch copy of the same bytes timed the same way, and
 the speed-up over the pure-torch reference (eager; torch.compile at T = 16384, measured last).
