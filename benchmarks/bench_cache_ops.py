@@ -62,6 +62,11 @@ def copy_bandwidth(device: torch.device, repeats: int) -> tuple[float, int]:
     return 2 * n / us / 1e3, n
 
 
+def l2_flush_buffer(device: torch.device) -> torch.Tensor | None:
+    """On a GPU, a buffer larger than L2, read before every sample (see kvcache_ext/timing.py)."""
+    return torch.ones(ROTATE_BYTES, dtype=torch.uint8, device=device) if device.type == "cuda" else None
+
+
 class SameSizeCopy:
     """Microseconds of a torch copy moving `nbytes` (half read, half written), rotated through
     a pool larger than L2 and timed like the op (graph replay or not): the best a kernel moving
@@ -237,9 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     with nvtx("copy bandwidth"):
         copy_gbps, meta["copy_bytes"] = copy_bandwidth(device, repeats)
     print(f"{meta['device_name']}: copy bandwidth {copy_gbps:.1f} GB/s (read + write)")
-    # Read before every sample on a GPU: calls find their data in DRAM, not in L2.
-    l2_flush = (torch.ones(ROTATE_BYTES, dtype=torch.uint8, device=device)
-                if device.type == "cuda" else None)
+    l2_flush = l2_flush_buffer(device)  # calls find their data in DRAM, not in L2
     same_size = SameSizeCopy(device, repeats, l2_flush)
     results: list[Result] = []
     copies: list[dict] = []

@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile
 from kvcache_ext.timing import sync, time_calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cache_ops import build_cases  # noqa: E402
+from bench_cache_ops import build_cases, l2_flush_buffer  # noqa: E402
 
 
 def device_us(evt) -> float:
@@ -84,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
     tag = device.type
-    l2_flush = (torch.ones(256 << 20, dtype=torch.uint8, device=device)
-                if device.type == "cuda" else None)
+    l2_flush = l2_flush_buffer(device)
     record = []
     lines = [f"# kvcache_ext under torch.profiler: "
              f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'CPU'}", "",
