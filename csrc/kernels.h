@@ -9,6 +9,22 @@
 
 namespace kvc {
 
+// A per-tensor fp8 scale: read by the kernel from memory on the view's device (ptr), or passed
+// by value when the caller's scale is a host tensor or a Python float (then checked finite and
+// > 0 before anything runs).
+struct TensorScale {
+  const float* ptr;  // nullptr: use value
+  float value;
+  KVC_HD float get() const { return ptr != nullptr ? *ptr : value; }
+};
+
+// Row formats of the MLA ops.
+enum class MlaFormat : int32_t {
+  kAuto = 0,       // 576 values of the input dtype, copied
+  kFp8DsMla = 1,   // 656 B: 4 tiles of e4m3 codes, 4 fp32 tile scales, 64 bf16 rope values
+  kFp8Tensor = 2,  // 576 B: e4m3 codes of kv_c then k_pe, one per-tensor scale (DeepSeek-V3/R1)
+};
+
 // reshape_and_cache: [T, H, D] rows copied as they are, or encoded to fp8 with a per-tensor scale.
 struct PlainWriteParams {
   const void* key;
@@ -18,20 +34,21 @@ struct PlainWriteParams {
   int64_t num_heads;
   int64_t head_dim;
   bool fp8;
-  const float* scale;  // device/host pointer to one fp32 (fp8 only)
+  TensorScale scale;  // fp8 only
   PagedView view;
   const int64_t* slots;
   int64_t num_tokens;
 };
 
-// concat_and_cache_mla: kv_c [T, 512] + k_pe [T, 64] -> fp8_ds_mla (656 B) or 576-value rows.
+// concat_and_cache_mla: kv_c [T, 512] + k_pe [T, 64] -> a row of `format`.
 struct MlaWriteParams {
   const void* kv_c;
   int64_t kv_c_stride;  // elements between tokens
   const void* k_pe;
   int64_t k_pe_stride;
   DType dtype;
-  bool fp8;
+  MlaFormat format;
+  TensorScale scale;  // kFp8Tensor only
   PagedView view;
   const int64_t* slots;
   int64_t num_tokens;
@@ -50,9 +67,9 @@ struct IndexerWriteParams {
 };
 
 enum class MlaGatherMode : int32_t {
-  kCopyRow = 0,      // the stored row as it is (656 raw bytes, or an unquantized row)
-  kDequantBf16 = 1,  // fp8_ds_mla -> 576 bf16
-  kDequantF32 = 2,   // fp8_ds_mla -> 576 fp32
+  kCopyRow = 0,      // the stored row as it is (656 or 576 raw bytes, or an unquantized row)
+  kDequantBf16 = 1,  // fp8 rows -> 576 bf16
+  kDequantF32 = 2,   // fp8 rows -> 576 fp32 (NaN canonical: 0x7FC00000)
 };
 
 struct MlaGatherParams {
@@ -60,6 +77,8 @@ struct MlaGatherParams {
   TokenSource src;
   int64_t num_tokens;
   MlaGatherMode mode;
+  MlaFormat format;
+  TensorScale scale;  // kFp8Tensor only
   uint8_t* out;
   int64_t out_stride;  // bytes between output rows
 };

@@ -47,6 +47,12 @@ KVC_HD float abs_for_amax(float f) {
 
 KVC_HD float fmax_(float a, float b) { return a > b ? a : b; }
 
+// One NaN for fp32 results: arithmetic on a NaN gives 0x7FFFFFFF on a GPU and the quieted
+// operand (e.g. 0x7FC00000, or a negative NaN) on x86, so every fp32 dequantized value is
+// passed through this to give the same bits everywhere.
+constexpr uint32_t kCanonicalNanBits = 0x7FC00000u;
+KVC_HD float canonical_nan(float f) { return is_nan(f) ? bits_float(kCanonicalNanBits) : f; }
+
 constexpr float kFp8Max = 448.0f;
 constexpr float kFltMin = 1.17549435e-38f;  // FLT_MIN
 constexpr float kIndexerAmaxFloor = 1e-4f;

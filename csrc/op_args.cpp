@@ -2,7 +2,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
+#include <vector>
 
 namespace kvc {
 namespace {
@@ -68,11 +71,33 @@ IndexerPlacement parse_placement(std::string_view placement) {
   TORCH_CHECK_VALUE(false, "placement must be \"row\" or \"split\", got \"", placement, "\"");
 }
 
-bool parse_mla_dtype(std::string_view kv_cache_dtype) {
-  if (kv_cache_dtype == "fp8_ds_mla") return true;
-  if (kv_cache_dtype == "auto") return false;
-  TORCH_CHECK_VALUE(false, "kv_cache_dtype must be \"fp8_ds_mla\" or \"auto\", got \"",
+MlaFormat parse_mla_format(std::string_view kv_cache_dtype) {
+  if (kv_cache_dtype == "fp8_ds_mla") return MlaFormat::kFp8DsMla;
+  if (kv_cache_dtype == "fp8") return MlaFormat::kFp8Tensor;
+  if (kv_cache_dtype == "auto") return MlaFormat::kAuto;
+  TORCH_CHECK_VALUE(false, "kv_cache_dtype must be \"fp8_ds_mla\", \"fp8\" or \"auto\", got \"",
                     kv_cache_dtype, "\"");
+}
+
+// A per-tensor scale: one fp32 on the view's device (read by the kernel, unchecked: reading it
+// here would synchronise), or on the host (read now, and refused unless finite and > 0).
+TensorScale tensor_scale(const OptTensor& scale, const at::Tensor& view, const char* view_arg) {
+  TORCH_CHECK_VALUE(scale.has_value(), "scale is required when kv_cache_dtype is \"fp8\"");
+  TORCH_CHECK_TYPE(scale->scalar_type() == at::kFloat, "scale must be float32, got ",
+                   scale->scalar_type());
+  TORCH_CHECK_VALUE(scale->numel() == 1, "scale must hold one value, got shape ", shape_str(*scale));
+  TORCH_CHECK_VALUE(scale->device() == view.device() || scale->is_cpu(),
+                    "scale must be on the device of ", view_arg, " (", view.device(),
+                    ") or on the CPU, got ", scale->device());
+  if (!scale->is_cpu()) return {ptr<float>(*scale), 0.0f};
+  const float v = *ptr<float>(*scale);
+  TORCH_CHECK_VALUE(std::isfinite(v) && v > 0.0f, "scale must be finite and > 0, got ", v);
+  return {nullptr, v};
+}
+
+void check_no_scale(const OptTensor& scale, std::string_view kv_cache_dtype) {
+  TORCH_CHECK_VALUE(!scale.has_value(), "scale is only used with kv_cache_dtype \"fp8\", got "
+                    "a scale with kv_cache_dtype \"", kv_cache_dtype, "\"");
 }
 
 void check_row_bytes(const PagedView& v, int64_t want, const char* view_arg, const char* what) {
@@ -82,6 +107,14 @@ void check_row_bytes(const PagedView& v, int64_t want, const char* view_arg, con
 
 void check_one_head(const PagedView& v, const char* view_arg) {
   TORCH_CHECK_VALUE(v.num_heads == 1, view_arg, " must have 1 head, got H = ", v.num_heads);
+}
+
+// A split page puts every token's codes first and the scales after them: it is only defined
+// on a contiguous page. A view sliced along tokens would send those bytes outside the view.
+void check_split_page(const PagedView& v, IndexerPlacement placement, const char* view_arg) {
+  TORCH_CHECK_VALUE(placement != IndexerPlacement::kSplit || v.token_stride == kIndexerRowBytes,
+                    view_arg, " must have contiguous pages for placement=\"split\" (token stride ",
+                    kIndexerRowBytes, " bytes), got token stride ", v.token_stride);
 }
 
 const int32_t* int32_vector(const at::Tensor& t, const char* arg, int64_t n, const at::Tensor& view) {
@@ -166,15 +199,10 @@ PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
   TORCH_CHECK_VALUE(p.view.row_bytes == want, "view rows must be D x ", p.fp8 ? 1 : key.element_size(),
                     " = ", want, " bytes for key of shape ", shape_str(key), ", got C = ",
                     p.view.row_bytes);
-  if (p.fp8) {
-    TORCH_CHECK_VALUE(scale.has_value(), "scale is required when kv_cache_dtype is \"fp8\"");
-    TORCH_CHECK_TYPE(scale->scalar_type() == at::kFloat, "scale must be float32, got ",
-                     scale->scalar_type());
-    TORCH_CHECK_VALUE(scale->numel() == 1, "scale must hold one value, got shape ",
-                      shape_str(*scale));
-    check_same_device(*scale, "scale", view, "view");
-    p.scale = ptr<float>(*scale);
-  }
+  if (p.fp8)
+    p.scale = tensor_scale(scale, view, "view");
+  else
+    check_no_scale(scale, kv_cache_dtype);
   p.key = ptr<void>(key);
   p.key_token_stride = key.stride(0);
   p.key_head_stride = key.stride(1);
@@ -184,12 +212,13 @@ PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
 
 MlaWriteParams mla_write_args(const at::Tensor& kv_c, const at::Tensor& k_pe,
                               const at::Tensor& view, const at::Tensor& slot_mapping,
-                              std::string_view kv_cache_dtype, const char* view_arg) {
+                              std::string_view kv_cache_dtype, const OptTensor& scale,
+                              const char* view_arg) {
   MlaWriteParams p{};
   p.view = paged_view(view, view_arg);
-  p.fp8 = parse_mla_dtype(kv_cache_dtype);
+  p.format = parse_mla_format(kv_cache_dtype);
   p.num_tokens = check_slot_mapping(slot_mapping, view, view_arg);
-  p.dtype = input_dtype(kv_c, "kv_c", !p.fp8);
+  p.dtype = input_dtype(kv_c, "kv_c", p.format == MlaFormat::kAuto);
   TORCH_CHECK_TYPE(k_pe.scalar_type() == kv_c.scalar_type(), "k_pe must have the dtype of kv_c (",
                    kv_c.scalar_type(), "), got ", k_pe.scalar_type());
   check_rows(kv_c, "kv_c", p.num_tokens, {kMlaLatentDim});
@@ -197,10 +226,21 @@ MlaWriteParams mla_write_args(const at::Tensor& kv_c, const at::Tensor& k_pe,
   check_same_device(kv_c, "kv_c", view, view_arg);
   check_same_device(k_pe, "k_pe", view, view_arg);
   check_one_head(p.view, view_arg);
-  if (p.fp8)
-    check_row_bytes(p.view, kMlaFp8RowBytes, view_arg, "fp8_ds_mla");
+  switch (p.format) {
+    case MlaFormat::kFp8DsMla:
+      check_row_bytes(p.view, kMlaFp8RowBytes, view_arg, "fp8_ds_mla");
+      break;
+    case MlaFormat::kFp8Tensor:
+      check_row_bytes(p.view, kMlaDim, view_arg, "fp8: 576 e4m3 codes");
+      break;
+    case MlaFormat::kAuto:
+      check_row_bytes(p.view, kMlaDim * dtype_size(p.dtype), view_arg, "576 values of kv_c's dtype");
+      break;
+  }
+  if (p.format == MlaFormat::kFp8Tensor)
+    p.scale = tensor_scale(scale, view, view_arg);
   else
-    check_row_bytes(p.view, kMlaDim * dtype_size(p.dtype), view_arg, "576 values of kv_c's dtype");
+    check_no_scale(scale, kv_cache_dtype);
   p.kv_c = ptr<void>(kv_c);
   p.kv_c_stride = kv_c.stride(0);
   p.k_pe = ptr<void>(k_pe);
@@ -225,6 +265,7 @@ IndexerWriteParams indexer_write_args(const at::Tensor& k, const at::Tensor& vie
   check_same_device(k, k_arg, view, view_arg);
   check_one_head(p.view, view_arg);
   check_row_bytes(p.view, kIndexerRowBytes, view_arg, "indexer: 128 codes + fp32 scale");
+  check_split_page(p.view, p.placement, view_arg);
   p.k = ptr<void>(k);
   p.k_stride = k.stride(0);
   p.slots = ptr<int64_t>(slot_mapping);
@@ -232,20 +273,27 @@ IndexerWriteParams indexer_write_args(const at::Tensor& k, const at::Tensor& vie
 }
 
 MlaGatherParams mla_gather_args(const at::Tensor& view, const GatherSource& src,
-                                std::string_view kv_cache_dtype, const at::Tensor& out) {
+                                std::string_view kv_cache_dtype, const at::Tensor& out,
+                                const OptTensor& scale) {
   MlaGatherParams p{};
   p.view = paged_view(view, "view");
   check_one_head(p.view, "view");
-  const bool fp8 = parse_mla_dtype(kv_cache_dtype);
+  p.format = parse_mla_format(kv_cache_dtype);
   TORCH_CHECK_VALUE(out.dim() == 2, "out must be 2-D [T, row], got shape ", shape_str(out));
   TORCH_CHECK_VALUE(out.size(0) == 0 || out.stride(1) == 1, "out must be contiguous in its last dimension");
   check_same_device(out, "out", view, "view");
   const int64_t cols = out.size(1);
-  if (fp8) {
-    check_row_bytes(p.view, kMlaFp8RowBytes, "view", "fp8_ds_mla");
+  if (p.format != MlaFormat::kAuto) {
+    const bool ds = p.format == MlaFormat::kFp8DsMla;
+    const int64_t row = ds ? kMlaFp8RowBytes : kMlaDim;
+    check_row_bytes(p.view, row, "view", ds ? "fp8_ds_mla" : "fp8: 576 e4m3 codes");
+    if (ds)
+      check_no_scale(scale, kv_cache_dtype);
+    else
+      p.scale = tensor_scale(scale, view, "view");
     if (out.scalar_type() == at::kByte) {
       p.mode = MlaGatherMode::kCopyRow;
-      TORCH_CHECK_VALUE(cols == kMlaFp8RowBytes, "out must be [T, 656] for raw rows, got shape ",
+      TORCH_CHECK_VALUE(cols == row, "out must be [T, ", row, "] for raw rows, got shape ",
                         shape_str(out));
     } else {
       TORCH_CHECK_TYPE(out.scalar_type() == at::kBFloat16 || out.scalar_type() == at::kFloat,
@@ -255,6 +303,7 @@ MlaGatherParams mla_gather_args(const at::Tensor& view, const GatherSource& src,
       TORCH_CHECK_VALUE(cols == kMlaDim, "out must be [T, 576], got shape ", shape_str(out));
     }
   } else {
+    check_no_scale(scale, kv_cache_dtype);
     p.mode = MlaGatherMode::kCopyRow;
     TORCH_CHECK_VALUE(cols * out.element_size() == p.view.row_bytes && cols == kMlaDim,
                       "out must be [T, 576] of the dtype the rows were written in (C = ",
@@ -276,6 +325,7 @@ IndexerGatherParams indexer_gather_args(const at::Tensor& view, const GatherSour
   check_one_head(p.view, "view");
   check_row_bytes(p.view, kIndexerRowBytes, "view", "indexer: 128 codes + fp32 scale");
   p.placement = parse_placement(placement);
+  check_split_page(p.view, p.placement, "view");
   TORCH_CHECK_TYPE(codes.scalar_type() == at::kByte, "codes must be uint8, got ", codes.scalar_type());
   TORCH_CHECK_VALUE(codes.dim() == 2 && codes.size(1) == kIndexerDim,
                     "codes must be [T, 128], got shape ", shape_str(codes));
@@ -335,6 +385,82 @@ void check_gather_source(const GatherSource& g, const PagedView& v, int64_t out_
       TORCH_CHECK_INDEX(row[j] >= 0 && row[j] < v.num_blocks, "block_table[", r, ", ", j, "] = ",
                         row[j], " is outside [0, num_blocks = ", v.num_blocks, ")");
     }
+  }
+}
+
+void check_unique_slots(const at::Tensor& slots, int64_t num_tokens, const PagedView& v,
+                        const char* arg) {
+  TORCH_INTERNAL_ASSERT(slots.device().is_cpu());
+  const int64_t* s = ptr<int64_t>(slots);
+  auto refuse = [&](int64_t slot) {
+    int64_t first = -1, second = -1;
+    for (int64_t t = 0; t < num_tokens && second < 0; ++t)
+      if (s[t] == slot) (first < 0 ? first : second) = t;
+    TORCH_CHECK_VALUE(false, arg, "[", first, "] and ", arg, "[", second, "] are both slot ", slot,
+                      ": two tokens of one call must not share a slot");
+  };
+  const int64_t num_slots = v.num_slots();
+  // A bitmap of the view's slots while it is small next to the call (O(T + slots / 64)),
+  // else a sorted copy of the slots (O(T log T)).
+  if (num_slots <= 64 * std::max<int64_t>(num_tokens, 4096)) {
+    std::vector<uint64_t> seen((num_slots + 63) / 64, 0);
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      if (s[t] < 0) continue;
+      uint64_t& word = seen[s[t] >> 6];
+      const uint64_t bit = uint64_t{1} << (s[t] & 63);
+      if (word & bit) refuse(s[t]);
+      word |= bit;
+    }
+    return;
+  }
+  std::vector<int64_t> sorted;
+  sorted.reserve(num_tokens);
+  for (int64_t t = 0; t < num_tokens; ++t)
+    if (s[t] >= 0) sorted.push_back(s[t]);
+  std::sort(sorted.begin(), sorted.end());
+  const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  if (dup != sorted.end()) refuse(*dup);
+}
+
+void check_spans(const uint8_t* src, int64_t src_bytes, const uint8_t* dst, int64_t dst_bytes,
+                 const int64_t* spans, int64_t n, bool same_space) {
+  struct Range {
+    uintptr_t begin, end;
+    int64_t i;
+  };
+  std::vector<Range> writes, reads;
+  writes.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t a = spans[3 * i], b = spans[3 * i + 1], len = spans[3 * i + 2];
+    TORCH_CHECK_INDEX(len >= 0 && a >= 0 && b >= 0 && a <= src_bytes - len && b <= dst_bytes - len,
+                      "spans[", i, "] = (", a, ", ", b, ", ", len, ") is outside src (", src_bytes,
+                      " bytes) or dst (", dst_bytes, " bytes)");
+    if (len == 0) continue;
+    const auto at = [](const uint8_t* base, int64_t off) { return reinterpret_cast<uintptr_t>(base + off); };
+    writes.push_back({at(dst, b), at(dst, b + len), i});
+    if (same_space) reads.push_back({at(src, a), at(src, a + len), i});
+  }
+  const auto by_begin = [](const Range& x, const Range& y) { return x.begin < y.begin; };
+  std::sort(writes.begin(), writes.end(), by_begin);
+  for (size_t k = 1; k < writes.size(); ++k)
+    TORCH_CHECK_VALUE(writes[k].begin >= writes[k - 1].end, "spans[", writes[k - 1].i, "] and spans[",
+                      writes[k].i, "] write overlapping destination bytes");
+  if (reads.empty()) return;
+  // Does any read range meet a write range? Reads sorted by start, with the running maximum of
+  // their ends: the reads starting before a write's end reach into it iff that maximum passes
+  // the write's start.
+  std::sort(reads.begin(), reads.end(), by_begin);
+  std::vector<size_t> reach(reads.size());  // index of the read with the largest end so far
+  for (size_t k = 0; k < reads.size(); ++k)
+    reach[k] = (k == 0 || reads[k].end > reads[reach[k - 1]].end) ? k : reach[k - 1];
+  for (const Range& w : writes) {
+    const auto it = std::lower_bound(reads.begin(), reads.end(), w.end,
+                                     [](const Range& r, uintptr_t e) { return r.begin < e; });
+    if (it == reads.begin()) continue;
+    const Range& r = reads[reach[(it - reads.begin()) - 1]];
+    TORCH_CHECK_VALUE(r.end <= w.begin, "spans[", w.i, "] writes bytes that spans[", r.i,
+                      "] reads (src and dst share memory): a copy's destinations must not "
+                      "overlap its sources");
   }
 }
 

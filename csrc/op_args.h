@@ -20,7 +20,8 @@ PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
                                   const OptTensor& scale);
 MlaWriteParams mla_write_args(const at::Tensor& kv_c, const at::Tensor& k_pe,
                               const at::Tensor& view, const at::Tensor& slot_mapping,
-                              std::string_view kv_cache_dtype, const char* view_arg = "view");
+                              std::string_view kv_cache_dtype, const OptTensor& scale,
+                              const char* view_arg = "view");
 IndexerWriteParams indexer_write_args(const at::Tensor& k, const at::Tensor& view,
                                       const at::Tensor& slot_mapping, OptStr scale_fmt,
                                       std::string_view placement, const char* k_arg = "k",
@@ -31,7 +32,8 @@ struct GatherSource {
   OptTensor block_table, cu_seq_lens, seq_starts, slots;
 };
 MlaGatherParams mla_gather_args(const at::Tensor& view, const GatherSource& src,
-                                std::string_view kv_cache_dtype, const at::Tensor& out);
+                                std::string_view kv_cache_dtype, const at::Tensor& out,
+                                const OptTensor& scale);
 IndexerGatherParams indexer_gather_args(const at::Tensor& view, const GatherSource& src,
                                         std::string_view placement, const at::Tensor& codes,
                                         const at::Tensor& scales);
@@ -40,6 +42,16 @@ IndexerGatherParams indexer_gather_args(const at::Tensor& view, const GatherSour
 // the small metadata tensors first) and run before anything is written.
 void check_slots_in_range(const at::Tensor& slot_mapping, int64_t num_tokens, const PagedView& v,
                           const char* arg = "slot_mapping", bool allow_negative = true);
+// Two tokens of one call with one slot are a caller error (the row would be one token's, or in
+// dsa_write half of each); CPU writes refuse them before writing. Slots are in range already.
+void check_unique_slots(const at::Tensor& slot_mapping, int64_t num_tokens, const PagedView& v,
+                        const char* arg = "slot_mapping");
 void check_gather_source(const GatherSource& src, const PagedView& v, int64_t out_rows);
+
+// Byte spans (src offset, dst offset, length) [n, 3] of one copy: inside both buffers, no two
+// destinations overlapping, and no destination overlapping a source when both buffers share
+// an address space (same_space) -- a memcpy over overlapping bytes is undefined.
+void check_spans(const uint8_t* src, int64_t src_bytes, const uint8_t* dst, int64_t dst_bytes,
+                 const int64_t* spans, int64_t n, bool same_space);
 
 }  // namespace kvc

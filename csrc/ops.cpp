@@ -45,6 +45,7 @@ void run_write(const Tensor& view, const Tensor& slot_mapping, const Params& p, 
   if (p.num_tokens == 0) return;
   if (view.is_cpu()) {
     check_slots_in_range(slot_mapping, p.num_tokens, p.view);
+    check_unique_slots(slot_mapping, p.num_tokens, p.view);
     return on_cpu_fn(p);
   }
   c10::DeviceGuard guard(view.device());
@@ -60,9 +61,11 @@ void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot
 }
 
 void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& view,
-                          const Tensor& slot_mapping, S kv_cache_dtype) {
+                          const Tensor& slot_mapping, S kv_cache_dtype,
+                          const std::optional<Tensor>& scale) {
   NvtxRange range("kvc::concat_and_cache_mla");
-  run_write(view, slot_mapping, mla_write_args(kv_c, k_pe, view, slot_mapping, sv(kv_cache_dtype)),
+  run_write(view, slot_mapping,
+            mla_write_args(kv_c, k_pe, view, slot_mapping, sv(kv_cache_dtype), scale),
             cpu::mla_write, [](const MlaWriteParams& p, void* s) { KVC_CUDA(cuda::mla_write(p, s)); });
 }
 
@@ -79,12 +82,15 @@ void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, c
                const Tensor& indexer_view, const Tensor& slot_mapping, S kv_cache_dtype,
                OS scale_fmt, S placement) {
   NvtxRange range("kvc::dsa_write");
-  const MlaWriteParams mla =
-      mla_write_args(kv_c, k_pe, mla_view, slot_mapping, sv(kv_cache_dtype), "mla_view");
+  TORCH_CHECK_VALUE(kv_cache_dtype != "fp8",
+                    "dsa_write writes fp8_ds_mla or auto MLA rows; for per-tensor fp8 rows call "
+                    "concat_and_cache_mla and indexer_k_quant_and_cache");
+  const MlaWriteParams mla = mla_write_args(kv_c, k_pe, mla_view, slot_mapping,
+                                            sv(kv_cache_dtype), std::nullopt, "mla_view");
   const IndexerWriteParams idx = indexer_write_args(k_idx, indexer_view, slot_mapping,
                                                     osv(scale_fmt), sv(placement), "k_idx",
                                                     "indexer_view");
-  TORCH_CHECK_TYPE(!mla.fp8 || k_idx.scalar_type() == kv_c.scalar_type(),
+  TORCH_CHECK_TYPE(mla.format == MlaFormat::kAuto || k_idx.scalar_type() == kv_c.scalar_type(),
                    "k_idx must have the dtype of kv_c (", kv_c.scalar_type(), "), got ",
                    k_idx.scalar_type());
   TORCH_CHECK_VALUE(mla.view.num_slots() == idx.view.num_slots(),
@@ -116,24 +122,24 @@ void run_gather(const Tensor& view, const GatherSource& src, const Params& p, bo
 }
 
 void run_mla_gather(const Tensor& view, const GatherSource& src, S kv_cache_dtype,
-                    const Tensor& out, bool validate) {
-  run_gather(view, src, mla_gather_args(view, src, sv(kv_cache_dtype), out), validate,
+                    const Tensor& out, bool validate, const std::optional<Tensor>& scale) {
+  run_gather(view, src, mla_gather_args(view, src, sv(kv_cache_dtype), out, scale), validate,
              cpu::mla_gather, [](const MlaGatherParams& p, void* s) { KVC_CUDA(cuda::mla_gather(p, s)); });
 }
 
 void gather_mla(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
                 const std::optional<Tensor>& seq_starts, S kv_cache_dtype, const Tensor& out,
-                bool validate) {
+                bool validate, const std::optional<Tensor>& scale) {
   NvtxRange range("kvc::gather_mla");
   run_mla_gather(view, {block_table, cu_seq_lens, seq_starts, std::nullopt}, kv_cache_dtype, out,
-                 validate);
+                 validate, scale);
 }
 
 void gather_mla_slots(const Tensor& view, const Tensor& slots, S kv_cache_dtype, const Tensor& out,
-                      bool validate) {
+                      bool validate, const std::optional<Tensor>& scale) {
   NvtxRange range("kvc::gather_mla_slots");
   run_mla_gather(view, {std::nullopt, std::nullopt, std::nullopt, slots}, kv_cache_dtype, out,
-                 validate);
+                 validate, scale);
 }
 
 void run_indexer_gather(const Tensor& view, const GatherSource& src, S placement,
@@ -172,14 +178,9 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
                     " on ", spans.device());
   const int64_t n = spans.size(0);
   const int64_t* s = spans.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t a = s[3 * i], b = s[3 * i + 1], len = s[3 * i + 2];
-    TORCH_CHECK_INDEX(len >= 0 && a >= 0 && b >= 0 && a + len <= src.numel() && b + len <= dst.numel(),
-                      "spans[", i, "] = (", a, ", ", b, ", ", len, ") is outside src (", src.numel(),
-                      " bytes) or dst (", dst.numel(), " bytes)");
-  }
   const uint8_t* from = src.data_ptr<uint8_t>();
   uint8_t* to = dst.data_ptr<uint8_t>();
+  check_spans(from, src.numel(), to, dst.numel(), s, n, src.device() == dst.device());
   if (src.is_cpu() && dst.is_cpu()) {
     for (int64_t i = 0; i < n; ++i) std::memcpy(to + s[3 * i + 1], from + s[3 * i], s[3 * i + 2]);
     return;

@@ -49,7 +49,8 @@ struct IndexerAddress {
 
 // `row`: token n's 132 bytes at n * token_stride (codes then scale).
 // `split`: codes at n * 128, scales packed after all codes at block_size * 128 + 4 n.
-// Both need the page to be contiguous, which H = 1 guarantees (token_stride == 132).
+// `split` is defined on a contiguous page (token_stride == 132): the op layer refuses views
+// whose pages are not (e.g. sliced along tokens), so it never addresses bytes outside them.
 KVC_HD IndexerAddress indexer_address(const PagedView& v, int64_t slot, IndexerPlacement p) {
   const int64_t block = slot / v.block_size;
   const int64_t pos = slot - block * v.block_size;
@@ -70,6 +71,10 @@ constexpr int64_t kMlaScalesOffset = kMlaLatentDim;        // 512
 constexpr int64_t kMlaRopeOffset = kMlaLatentDim + 16;     // 528
 constexpr int64_t kMlaFp8RowBytes = kMlaRopeOffset + 2 * kMlaRopeDim;  // 656
 
+// What TokenSource::slot_of returns besides a valid slot.
+constexpr int64_t kZeroRow = -1;  // a token without a valid slot: its output row is zeroed
+constexpr int64_t kNoRow = -2;    // past cu_seq_lens[-1]: no token, the caller's row is kept
+
 // Tokens of a gather: either explicit slots, or requests read through a block table.
 struct TokenSource {
   const int64_t* slots;        // explicit slots [T] (nullptr when reading a block table)
@@ -80,27 +85,28 @@ struct TokenSource {
   const int32_t* seq_starts;   // [num_reqs] or nullptr
   int64_t num_reqs;
 
-  // Slot of output token t, or -1 when the token has no valid slot (padding, or entries a
-  // validated call would have rejected): readers then produce a zero row.
+  // Slot of output row t; kZeroRow when the token has no valid slot (padding, or entries a
+  // validated call would have rejected): readers then produce a zero row. kNoRow for rows past
+  // the last request's tokens (out= buffers sized for the worst case): readers leave them alone.
   KVC_HD int64_t slot_of(int64_t t, const PagedView& v) const {
     int64_t slot;
     if (slots != nullptr) {
       slot = slots[t];
     } else {
       int64_t lo = 0, hi = num_reqs;  // find r with cu[r] <= t < cu[r + 1]
-      if (num_reqs <= 0 || t >= cu_seq_lens[num_reqs]) return -1;
+      if (num_reqs <= 0 || t >= cu_seq_lens[num_reqs]) return kNoRow;
       while (hi - lo > 1) {
         const int64_t mid = (lo + hi) / 2;
         if (cu_seq_lens[mid] <= t) lo = mid; else hi = mid;
       }
       const int64_t pos = t - cu_seq_lens[lo] + (seq_starts ? seq_starts[lo] : 0);
       const int64_t logical = pos / v.block_size;
-      if (pos < 0 || logical >= max_blocks) return -1;
+      if (pos < 0 || logical >= max_blocks) return kZeroRow;
       const int64_t block = block_table[lo * bt_stride + logical];
-      if (block < 0 || block >= v.num_blocks) return -1;
+      if (block < 0 || block >= v.num_blocks) return kZeroRow;
       slot = block * v.block_size + (pos - logical * v.block_size);
     }
-    return v.valid_slot(slot) ? slot : -1;
+    return v.valid_slot(slot) ? slot : kZeroRow;
   }
 };
 

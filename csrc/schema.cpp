@@ -8,7 +8,7 @@ TORCH_LIBRARY(kvcache_ext, m) {
   m.def("reshape_and_cache(Tensor key, Tensor(a!) view, Tensor slot_mapping, "
         "str kv_cache_dtype=\"auto\", Tensor? scale=None) -> ()");
   m.def("concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor(a!) view, Tensor slot_mapping, "
-        "str kv_cache_dtype=\"fp8_ds_mla\") -> ()");
+        "str kv_cache_dtype=\"fp8_ds_mla\", Tensor? scale=None) -> ()");
   m.def("indexer_k_quant_and_cache(Tensor k, Tensor(a!) view, Tensor slot_mapping, "
         "str? scale_fmt=None, str placement=\"row\") -> ()");
   m.def("dsa_write(Tensor kv_c, Tensor k_pe, Tensor(a!) mla_view, Tensor k_idx, "
@@ -16,9 +16,9 @@ TORCH_LIBRARY(kvcache_ext, m) {
         "str? scale_fmt=None, str placement=\"row\") -> ()");
   // Reads into caller-provided outputs (fixed shapes, so they capture in CUDA graphs).
   m.def("gather_mla(Tensor view, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts, "
-        "str kv_cache_dtype, Tensor(a!) out, bool validate=True) -> ()");
+        "str kv_cache_dtype, Tensor(a!) out, bool validate=True, Tensor? scale=None) -> ()");
   m.def("gather_mla_slots(Tensor view, Tensor slots, str kv_cache_dtype, Tensor(a!) out, "
-        "bool validate=True) -> ()");
+        "bool validate=True, Tensor? scale=None) -> ()");
   m.def("gather_indexer(Tensor view, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts, "
         "str placement, Tensor(a!) codes, Tensor(b!) scales, bool validate=True) -> ()");
   m.def("gather_indexer_slots(Tensor view, Tensor slots, str placement, Tensor(a!) codes, "

@@ -23,12 +23,24 @@ class KVCache:
 
 def allocate(plan: CachePlan, device: str | torch.device = "cpu", pin_memory: bool = False,
              fill: int | None = None) -> KVCache:
-    """Allocate the one flat buffer of `plan` (uninitialised unless `fill` is given)."""
+    """Allocate the one flat buffer of `plan`: uninitialised memory unless `fill` (a byte
+    value) is given. pin_memory=True (CPU only, needs a GPU) makes host<->GPU copies async."""
     device = torch.device(device)
     if pin_memory and device.type != "cpu":
         raise ValueError(f"pin_memory=True needs device='cpu', got device={device}")
-    buffer = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device,
-                         pin_memory=pin_memory)
+    if pin_memory and not torch.cuda.is_available():
+        raise RuntimeError("pin_memory=True needs a CUDA GPU (page-locked memory is a CUDA "
+                           "allocation), and none is available; allocate with pin_memory=False")
+    if fill is not None and (isinstance(fill, bool) or not isinstance(fill, int)
+                             or not 0 <= fill <= 255):
+        raise ValueError(f"fill must be a byte value in [0, 255], got {fill!r}")
+    try:
+        buffer = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device,
+                             pin_memory=pin_memory)
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise MemoryError(f"cannot allocate the plan's {plan.total_bytes} bytes "
+                          f"({plan.total_bytes / 2**30:.2f} GiB) on {device}: {first}") from None
     if fill is not None:
         buffer.fill_(fill)
     return KVCache(plan=plan, buffer=buffer)

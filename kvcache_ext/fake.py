@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import torch
 
+# Tensors that must sit on the anchor's device. A per-tensor fp8 `scale` may also be a CPU
+# tensor (its value is then passed to the kernel), so it is not listed.
 _DEVICE_ARGS = {
-    "reshape_and_cache": ("view", ("key", "slot_mapping", "scale")),
+    "reshape_and_cache": ("view", ("key", "slot_mapping")),
     "concat_and_cache_mla": ("view", ("kv_c", "k_pe", "slot_mapping")),
     "indexer_k_quant_and_cache": ("view", ("k", "slot_mapping")),
     "dsa_write": ("mla_view", ("kv_c", "k_pe", "k_idx", "indexer_view", "slot_mapping")),

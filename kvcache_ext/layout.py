@@ -15,6 +15,7 @@ import torch
 
 LAYOUTS: tuple[str, ...] = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 DEFAULT_LAYOUT = "LBNHC"
+INT64_MAX = 2**63 - 1
 _DIMS = "LBHNC"  # logical dimension names, in logical order
 
 
@@ -192,6 +193,10 @@ def plan_cache(specs: Iterable[CacheSpec], num_blocks: int, block_size: int,
     per_block = [s.num_layers * s.num_heads * block_size * s.row_bytes for s in specs]
     block_bytes = sum(per_block)
     total = block_bytes * num_blocks
+    if total > INT64_MAX:  # every kernel addresses the buffer with int64 offsets
+        raise ValueError(f"num_blocks = {num_blocks} makes a buffer of {total} bytes "
+                         f"({block_bytes} per block), beyond int64 ({INT64_MAX}); "
+                         f"at most {INT64_MAX // block_bytes} blocks fit")
 
     tensors: dict[str, KVCacheTensor] = {}
     offset = 0
@@ -228,7 +233,10 @@ def layout_order(layout: str) -> tuple[int, ...]:
 
 def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, block_size: int,
                  req_indices: torch.Tensor | None = None) -> torch.Tensor:
-    """int64 [T] slots: block_table[req, pos // block_size] * block_size + pos % block_size."""
+    """int64 [T] slots: block_table[req, pos // block_size] * block_size + pos % block_size.
+
+    A block-table entry < 0 (an unassigned block) gives slot -1: padding, which every write
+    skips (vLLM's rule: every negative slot is padding)."""
     _check_positive("block_size", block_size)
     if not isinstance(block_table, torch.Tensor) or block_table.dtype not in (torch.int32,
                                                                               torch.int64):
@@ -265,5 +273,6 @@ def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, block_size:
         if int(req_indices.min()) < 0 or int(req_indices.max()) >= rows:
             raise IndexError(f"req_indices must be in [0, {rows})")
     blocks = block_table.to(torch.int64)[req_indices, positions // block_size]
-    return blocks * block_size + positions % block_size
+    slots = blocks * block_size + positions % block_size
+    return torch.where(blocks < 0, torch.full_like(slots, -1), slots)
 

@@ -5,11 +5,17 @@ for CUDA graphs); slot < 0 is padding. On CPU every argument, slot values includ
 before the first byte is written. On CUDA the write kernels never synchronise: a slot outside
 the view is skipped, never written.
 
-Gathers allocate their outputs unless `out=` is given. With `validate` (default: on unless the
-current stream is capturing a CUDA graph) the block table, lengths and slots are checked
-against the view first (CPU and CUDA; on CUDA it costs one host synchronisation); without it,
-the kernels still never read outside the view and return zero rows for tokens without a
-valid slot.
+Two tokens of one call with one slot are a caller error: CPU writes raise ValueError before
+writing; CUDA writes cannot check without synchronising, so `check_slot_mapping` is offered for
+debug runs. Per-tensor fp8 scales must be finite and > 0: a scale given as a Python float or a
+CPU tensor is checked (CPU and CUDA); one already on the GPU is the caller's to keep sane.
+
+Gathers allocate their outputs unless `out=` is given; into `out=`, only the rows of real
+tokens are written (rows past cu_seq_lens[-1] keep their contents). With `validate` (default:
+on unless the current stream is capturing a CUDA graph) the block table, lengths and slots are
+checked against the view first (CPU and CUDA; on CUDA it costs one host synchronisation), and
+cu_seq_lens before any output is allocated; without it, the kernels still never read outside
+the view and return zero rows for tokens without a valid slot.
 """
 from __future__ import annotations
 
@@ -21,19 +27,33 @@ from .transfer import CopyStats, block_spans, copy_blocks  # noqa: F401  (public
 
 MLA_DIM = 576
 INDEXER_DIM = 128
+MLA_ROW_BYTES = {"fp8_ds_mla": 656, "fp8": MLA_DIM}
+
+Scale = torch.Tensor | float | None
+
+
+def _scale(scale: Scale) -> torch.Tensor | None:
+    """A Python float becomes a one-element CPU tensor (checked and passed by value)."""
+    if scale is None or isinstance(scale, torch.Tensor):
+        return scale
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float32 tensor or a Python float, got {type(scale).__name__}")
+    return torch.tensor([float(scale)], dtype=torch.float32)
 
 
 def reshape_and_cache(key: torch.Tensor, view: torch.Tensor, slot_mapping: torch.Tensor,
-                      kv_cache_dtype: str = "auto", scale: torch.Tensor | None = None) -> None:
+                      kv_cache_dtype: str = "auto", scale: Scale = None) -> None:
     """Plain [T, H, D] rows into view [B, H, N, C]; "auto" copies (C = D x itemsize), "fp8"
-    encodes x / scale (C = D, scale a one-element fp32 tensor)."""
-    _ops.reshape_and_cache(key, view, slot_mapping, kv_cache_dtype, scale)
+    encodes x / scale (C = D; scale a one-element fp32 tensor or a Python float)."""
+    _ops.reshape_and_cache(key, view, slot_mapping, kv_cache_dtype, _scale(scale))
 
 
 def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, view: torch.Tensor,
-                         slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla") -> None:
-    """kv_c [T, 512] + k_pe [T, 64] -> 656-byte fp8_ds_mla rows, or 576-value "auto" rows."""
-    _ops.concat_and_cache_mla(kv_c, k_pe, view, slot_mapping, kv_cache_dtype)
+                         slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
+                         scale: Scale = None) -> None:
+    """kv_c [T, 512] + k_pe [T, 64] -> 656-byte fp8_ds_mla rows, 576-byte per-tensor "fp8" rows
+    (DeepSeek-V3/R1: e4m3 of x / scale for all 576 values), or 576-value "auto" rows."""
+    _ops.concat_and_cache_mla(kv_c, k_pe, view, slot_mapping, kv_cache_dtype, _scale(scale))
 
 
 def indexer_k_quant_and_cache(k: torch.Tensor, view: torch.Tensor, slot_mapping: torch.Tensor,
@@ -57,19 +77,41 @@ def _validate_default(validate: bool | None, view: torch.Tensor) -> bool:
     return not (view.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def _num_tokens(cu_seq_lens: torch.Tensor, num_tokens: int | None) -> int:
+def _num_tokens(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
+                num_tokens: int | None) -> int:
+    """Rows of a gather's output, checked before anything is allocated for them."""
     if num_tokens is not None:
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
         return num_tokens
     if not isinstance(cu_seq_lens, torch.Tensor) or cu_seq_lens.dim() != 1 or not len(cu_seq_lens):
         raise ValueError("cu_seq_lens must be a 1-D tensor [num_requests + 1]")
-    return int(cu_seq_lens[-1])
+    if cu_seq_lens.dtype != torch.int32:
+        raise TypeError(f"cu_seq_lens must be int32, got {cu_seq_lens.dtype}")
+    cu = cu_seq_lens.cpu().to(torch.int64)  # the one host synchronisation of an allocating gather
+    if int(cu[0]) != 0:
+        raise ValueError(f"cu_seq_lens[0] must be 0, got {int(cu[0])}")
+    steps = cu[1:] - cu[:-1]
+    if steps.numel() and int(steps.min()) < 0:
+        r = int(torch.nonzero(steps < 0)[0])
+        raise ValueError(f"cu_seq_lens must be non-decreasing, got cu_seq_lens[{r}] = {int(cu[r])} "
+                         f"> cu_seq_lens[{r + 1}] = {int(cu[r + 1])}")
+    total = int(cu[-1])
+    if isinstance(block_table, torch.Tensor) and block_table.dim() == 2 and view.dim() == 4:
+        limit = block_table.shape[0] * block_table.shape[1] * view.shape[2]
+        if total > limit:
+            raise ValueError(f"cu_seq_lens[-1] = {total} exceeds what block_table "
+                             f"{tuple(block_table.shape)} can address ({limit} tokens of block "
+                             f"size {view.shape[2]})")
+    return total
 
 
 def _mla_out(view: torch.Tensor, rows_shape: tuple[int, ...], kv_cache_dtype: str, raw: bool,
              dtype: torch.dtype | None) -> torch.Tensor:
-    if kv_cache_dtype == "fp8_ds_mla":
+    if kv_cache_dtype in MLA_ROW_BYTES:
         if raw:
-            return torch.empty(*rows_shape, 656, dtype=torch.uint8, device=view.device)
+            return torch.empty(*rows_shape, MLA_ROW_BYTES[kv_cache_dtype], dtype=torch.uint8,
+                               device=view.device)
         return torch.empty(*rows_shape, MLA_DIM, dtype=dtype or torch.bfloat16, device=view.device)
     if dtype is None:
         dtype = torch.float32 if view.shape[-1] == 4 * MLA_DIM else torch.bfloat16
@@ -80,26 +122,29 @@ def gather_mla(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch
                kv_cache_dtype: str = "fp8_ds_mla", *, seq_starts: torch.Tensor | None = None,
                raw: bool = False, dtype: torch.dtype | None = None,
                out: torch.Tensor | None = None, num_tokens: int | None = None,
-               validate: bool | None = None) -> torch.Tensor:
+               validate: bool | None = None, scale: Scale = None) -> torch.Tensor:
     """Requests' tokens through the block table -> [total_tokens, 576] (bf16 by default,
-    dequantized from fp8_ds_mla; float32 with dtype=), raw 656-byte rows with raw=True, or
-    "auto" rows in the dtype they were written in. seq_starts[r] skips request r's first
-    tokens (chunked-prefill context)."""
+    dequantized from fp8_ds_mla, or from per-tensor "fp8" rows with scale=; float32 with
+    dtype=), raw rows with raw=True, or "auto" rows in the dtype they were written in.
+    seq_starts[r] skips request r's first tokens (chunked-prefill context). Into `out=`, rows
+    past cu_seq_lens[-1] are left as they are."""
     if out is None:
-        out = _mla_out(view, (_num_tokens(cu_seq_lens, num_tokens),), kv_cache_dtype, raw, dtype)
+        rows = _num_tokens(view, block_table, cu_seq_lens, num_tokens)
+        out = _mla_out(view, (rows,), kv_cache_dtype, raw, dtype)
     _ops.gather_mla(view, block_table, cu_seq_lens, seq_starts, kv_cache_dtype, out,
-                    _validate_default(validate, view))
+                    _validate_default(validate, view), _scale(scale))
     return out
 
 
 def gather_mla_slots(view: torch.Tensor, slots: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
                      *, raw: bool = False, dtype: torch.dtype | None = None,
-                     out: torch.Tensor | None = None, validate: bool | None = None) -> torch.Tensor:
+                     out: torch.Tensor | None = None, validate: bool | None = None,
+                     scale: Scale = None) -> torch.Tensor:
     """Rows at explicit int64 slots [K] or [Q, K] (sparse attention); slot -1 gives zeros."""
     if out is None:
         out = _mla_out(view, tuple(slots.shape), kv_cache_dtype, raw, dtype)
     _ops.gather_mla_slots(view, slots.reshape(-1), kv_cache_dtype, out.view(-1, out.shape[-1]),
-                          _validate_default(validate, view))
+                          _validate_default(validate, view), _scale(scale))
     return out
 
 
@@ -124,7 +169,9 @@ def gather_indexer(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: t
                    num_tokens: int | None = None, validate: bool | None = None):
     """-> (codes uint8 [T, 128], scales fp32 [T]); dequant=torch.float32/bfloat16 returns the
     decoded [T, 128] values instead."""
-    codes, scales = _indexer_outputs(view, (_num_tokens(cu_seq_lens, num_tokens),), out)
+    if out is None:
+        out = _indexer_outputs(view, (_num_tokens(view, block_table, cu_seq_lens, num_tokens),), None)
+    codes, scales = out
     _ops.gather_indexer(view, block_table, cu_seq_lens, seq_starts, placement, codes, scales,
                         _validate_default(validate, view))
     return _maybe_dequant(codes, scales, dequant)
@@ -139,3 +186,29 @@ def gather_indexer_slots(view: torch.Tensor, slots: torch.Tensor, placement: str
     _ops.gather_indexer_slots(view, slots.reshape(-1), placement, codes.view(-1, INDEXER_DIM),
                               scales.view(-1), _validate_default(validate, view))
     return _maybe_dequant(codes, scales, dequant)
+
+
+def check_slot_mapping(slot_mapping: torch.Tensor, view: torch.Tensor) -> None:
+    """Debug check of a write's slots on any device (CUDA writes cannot check without a host
+    synchronisation): every slot < num_blocks x block_size of `view`, and no two tokens share
+    a slot (negative slots are padding). Raises IndexError / ValueError naming the token."""
+    if not isinstance(slot_mapping, torch.Tensor) or slot_mapping.dtype != torch.int64:
+        raise TypeError("slot_mapping must be an int64 tensor")
+    if slot_mapping.dim() != 1:
+        raise ValueError(f"slot_mapping must be 1-D [T], got shape {tuple(slot_mapping.shape)}")
+    if view.dim() != 4:
+        raise ValueError(f"view must be 4-D [num_blocks, H, block_size, C], got {tuple(view.shape)}")
+    num_slots = view.shape[0] * view.shape[2]
+    over = torch.nonzero(slot_mapping >= num_slots)
+    if over.numel():
+        t = int(over[0])
+        raise IndexError(f"slot_mapping[{t}] = {int(slot_mapping[t])} is outside [-inf, "
+                         f"num_blocks x block_size = {num_slots})")
+    real = torch.nonzero(slot_mapping >= 0).squeeze(1)
+    values, order = torch.sort(slot_mapping[real], stable=True)
+    same = torch.nonzero(values[1:] == values[:-1]).squeeze(1)
+    if same.numel():
+        i = int(same[0])
+        first, second = sorted((int(real[order[i]]), int(real[order[i + 1]])))
+        raise ValueError(f"slot_mapping[{first}] and slot_mapping[{second}] are both slot "
+                         f"{int(values[i])}: two tokens of one call must not share a slot")

@@ -26,6 +26,15 @@ def e4m3_decode(codes: torch.Tensor) -> torch.Tensor:
     return codes.view(torch.float8_e4m3fn).float()
 
 
+CANONICAL_NAN_BITS = 0x7FC00000
+
+
+def canonical_nan(x: torch.Tensor) -> torch.Tensor:
+    """fp32 with every NaN as 0x7FC00000 (GPU arithmetic gives 0x7FFFFFFF, x86 the operand's)."""
+    nan = torch.full_like(x.view(torch.int32), CANONICAL_NAN_BITS).view(torch.float32)
+    return torch.where(x.isnan(), nan, x)
+
+
 def to_bf16(x: torch.Tensor) -> torch.Tensor:
     """Round to bf16 with one NaN pattern (0x7FC0) on every device."""
     out = x.to(torch.bfloat16)
@@ -71,6 +80,18 @@ def mla_fp8_rows(kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
                       rope.contiguous().view(torch.uint8).reshape(t, 128)], dim=1)
 
 
+def mla_fp8_tensor_rows(kv_c: torch.Tensor, k_pe: torch.Tensor, scale) -> torch.Tensor:
+    """Per-tensor fp8 rows (DeepSeek-V3/R1): uint8 [T, 576] = e4m3(kv_c / scale), e4m3(k_pe / scale)."""
+    x = torch.cat([kv_c.float(), k_pe.float()], dim=1)
+    return e4m3_encode(x / _scale_value(scale, x.device))
+
+
+def _scale_value(scale, device: torch.device) -> torch.Tensor:
+    if scale is None:
+        raise ValueError('scale is required when kv_cache_dtype is "fp8"')
+    return torch.as_tensor(scale, dtype=torch.float32).reshape(()).to(device)
+
+
 def mla_auto_rows(kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
     """Unquantized rows: 576 values of the input dtype, as bytes."""
     return torch.cat([kv_c, k_pe], dim=1).contiguous().view(torch.uint8)
@@ -91,13 +112,20 @@ def mla_dequant(rows: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torc
     rope = rows[:, 528:656].contiguous().view(torch.bfloat16)
     if dtype == torch.bfloat16:
         return torch.cat([to_bf16(latent), rope], dim=1)
-    return torch.cat([latent, rope.float()], dim=1).to(dtype)
+    return canonical_nan(torch.cat([latent, rope.float()], dim=1)).to(dtype)
+
+
+def mla_fp8_tensor_dequant(rows: torch.Tensor, scale,
+                           dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """uint8 [T, 576] per-tensor fp8 rows -> [T, 576] values = code x scale."""
+    out = e4m3_decode(rows) * _scale_value(scale, rows.device)
+    return to_bf16(out) if dtype == torch.bfloat16 else canonical_nan(out).to(dtype)
 
 
 def indexer_dequant(codes: torch.Tensor, scales: torch.Tensor,
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
     out = e4m3_decode(codes) * scales.unsqueeze(-1)
-    return to_bf16(out) if dtype == torch.bfloat16 else out.to(dtype)
+    return to_bf16(out) if dtype == torch.bfloat16 else canonical_nan(out).to(dtype)
 
 
 # ---- addressing through a view -------------------------------------------------------------
@@ -130,41 +158,50 @@ def read_rows(view: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return rows
 
 
-def _pages(view: torch.Tensor) -> torch.Tensor:
-    """[num_blocks, block_size * C] byte pages of a one-head view (token_stride == C)."""
+def _indexer_pages(view: torch.Tensor, placement: str) -> torch.Tensor:
+    """Where each placement's offsets are taken in a one-head indexer view: `row` as
+    [num_blocks, block_size, 132] rows through the view's strides (a view sliced along tokens
+    keeps its rows); `split` as [num_blocks, block_size * 132] pages, defined on a contiguous
+    page only."""
     nb, _, bs, c = view.shape
-    return torch.as_strided(view, (nb, bs * c), (view.stride(0), 1))
-
-
-def _indexer_offsets(bs: int, pos: torch.Tensor, placement: str) -> tuple[torch.Tensor, torch.Tensor]:
-    ar128, ar4 = torch.arange(128, device=pos.device), torch.arange(4, device=pos.device)
     if placement == "row":
-        base = pos[:, None] * INDEXER_ROW_BYTES
-        return base + ar128, base + 128 + ar4
+        return torch.as_strided(view, (nb, bs, c), (view.stride(0), view.stride(2), 1))
     if placement == "split":
-        return pos[:, None] * 128 + ar128, bs * 128 + 4 * pos[:, None] + ar4
+        if view.stride(2) != c:
+            raise ValueError(f'view must have contiguous pages for placement="split" (token stride '
+                             f'{c} bytes), got token stride {view.stride(2)}')
+        return torch.as_strided(view, (nb, bs * c), (view.stride(0), 1))
     raise ValueError(f'placement must be "row" or "split", got {placement!r}')
+
+
+def _indexer_at(view: torch.Tensor, blocks: torch.Tensor, pos: torch.Tensor, placement: str):
+    """Index tuples (into _indexer_pages) of the 128 code bytes and 4 scale bytes of each token."""
+    ar128, ar4 = torch.arange(128, device=pos.device), torch.arange(4, device=pos.device)
+    b, p = blocks[:, None], pos[:, None]
+    if placement == "row":
+        return (b, p, ar128), (b, p, 128 + ar4)
+    return (b, p * 128 + ar128), (b, view.shape[2] * 128 + 4 * p + ar4)
 
 
 def write_indexer(view: torch.Tensor, slots: torch.Tensor, codes: torch.Tensor,
                   scales: torch.Tensor, placement: str) -> None:
+    pages = _indexer_pages(view, placement)  # raises before anything is written
     keep = _valid(view, slots)
     blocks, pos = _split(view, slots[keep])
-    code_at, scale_at = _indexer_offsets(view.shape[2], pos, placement)
-    pages = _pages(view)
-    pages[blocks[:, None], code_at] = codes[keep.to(codes.device)].to(view.device)
-    pages[blocks[:, None], scale_at] = (
+    code_at, scale_at = _indexer_at(view, blocks, pos, placement)
+    pages[code_at] = codes[keep.to(codes.device)].to(view.device)
+    pages[scale_at] = (
         scales[keep.to(scales.device)].contiguous().view(torch.uint8).reshape(-1, 4).to(view.device))
 
 
 def read_indexer(view: torch.Tensor, slots: torch.Tensor,
                  placement: str) -> tuple[torch.Tensor, torch.Tensor]:
+    pages = _indexer_pages(view, placement)
     keep = _valid(view, slots)
     blocks, pos = _split(view, torch.where(keep, slots, torch.zeros_like(slots)))
-    code_at, scale_at = _indexer_offsets(view.shape[2], pos, placement)
-    pages = _pages(view)
-    codes = pages[blocks[:, None], code_at].clone()
-    scales = pages[blocks[:, None], scale_at].contiguous().view(torch.float32).reshape(-1).clone()
+    code_at, scale_at = _indexer_at(view, blocks, pos, placement)
+    codes = pages[code_at].clone()
+    scales = pages[scale_at].contiguous().view(torch.float32).reshape(-1).clone()
     codes[~keep] = 0
     scales[~keep] = 0
     return codes, scales
@@ -176,17 +213,20 @@ def reshape_and_cache(key: torch.Tensor, view: torch.Tensor, slot_mapping: torch
     t = slot_mapping.numel()
     key = key[:t]
     if kv_cache_dtype == "fp8":
-        rows = e4m3_encode(key.float() / scale.float())
+        rows = e4m3_encode(key.float() / _scale_value(scale, key.device))
     else:
         rows = key.contiguous().view(torch.uint8)
     write_rows(view, slot_mapping, rows)
 
 
 def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, view: torch.Tensor,
-                         slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla") -> None:
+                         slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
+                         scale=None) -> None:
     t = slot_mapping.numel()
     if kv_cache_dtype == "fp8_ds_mla":
         rows = mla_fp8_rows(kv_c[:t], k_pe[:t])
+    elif kv_cache_dtype == "fp8":
+        rows = mla_fp8_tensor_rows(kv_c[:t], k_pe[:t], scale)
     else:
         rows = mla_auto_rows(kv_c[:t], k_pe[:t])
     write_rows(view, slot_mapping, rows)
@@ -219,19 +259,23 @@ def gather_slots(block_table: torch.Tensor, cu_seq_lens: torch.Tensor, block_siz
 
 def gather_mla(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
                kv_cache_dtype: str = "fp8_ds_mla", seq_starts: torch.Tensor | None = None,
-               raw: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+               raw: bool = False, dtype: torch.dtype | None = None, scale=None) -> torch.Tensor:
     slots = gather_slots(block_table, cu_seq_lens, view.shape[2], seq_starts).to(view.device)
-    return gather_mla_slots(view, slots, kv_cache_dtype, raw=raw, dtype=dtype)
+    return gather_mla_slots(view, slots, kv_cache_dtype, raw=raw, dtype=dtype, scale=scale)
 
 
 def gather_mla_slots(view: torch.Tensor, slots: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
-                     raw: bool = False, dtype: torch.dtype | None = None) -> torch.Tensor:
+                     raw: bool = False, dtype: torch.dtype | None = None,
+                     scale=None) -> torch.Tensor:
     flat = slots.reshape(-1)
     rows = read_rows(view, flat)
-    if kv_cache_dtype == "fp8_ds_mla" and not raw:
-        out = mla_dequant(rows, dtype or torch.bfloat16)
+    if kv_cache_dtype in ("fp8_ds_mla", "fp8") and not raw:
+        if kv_cache_dtype == "fp8":
+            out = mla_fp8_tensor_dequant(rows, scale, dtype or torch.bfloat16)
+        else:
+            out = mla_dequant(rows, dtype or torch.bfloat16)
         out[(flat < 0) | (flat >= view.shape[0] * view.shape[2])] = 0
-    elif kv_cache_dtype == "fp8_ds_mla":
+    elif kv_cache_dtype in ("fp8_ds_mla", "fp8"):
         out = rows
     else:
         out = rows.view(dtype or torch.bfloat16)

@@ -53,10 +53,36 @@ def copy_blocks(src: KVCache, dst: KVCache, block_mapping: torch.Tensor) -> Copy
     """
     if src.plan != dst.plan:
         raise ValueError("src and dst must share one plan (same specs, blocks, layout)")
+    mapping = _check_mapping(src.plan, block_mapping)
+    _check_pairs(mapping, same_buffer=_shares_memory(src.buffer, dst.buffer))
     spans = block_spans(src.plan, block_mapping)
     _ops.copy_spans(src.buffer, dst.buffer, spans)
     return CopyStats(blocks=int(block_mapping.shape[0]), spans=int(spans.shape[0]),
                      bytes=int(spans[:, 2].sum()))
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() and b0 < a0 + a.numel()
+
+
+def _check_pairs(mapping: torch.Tensor, same_buffer: bool) -> None:
+    """No two pairs with one destination; within one buffer, no destination that is also a
+    source (chained pairs like [[0, 1], [1, 2]] would depend on the copy order)."""
+    dst = mapping[:, 1]
+    values, counts = torch.unique(dst, return_counts=True)
+    if bool((counts > 1).any()):
+        b = int(values[counts > 1][0])
+        rows = torch.nonzero(dst == b).squeeze(1)[:2].tolist()
+        raise ValueError(f"block_mapping rows {rows[0]} and {rows[1]} both copy into block {b}")
+    if same_buffer:
+        both = torch.isin(dst, mapping[:, 0])
+        if bool(both.any()):
+            i = int(torch.nonzero(both)[0])
+            raise ValueError(f"block_mapping[{i}] writes block {int(dst[i])}, which another pair "
+                             f"reads: within one cache the destinations must not be sources")
 
 
 def _check_mapping(plan: CachePlan, block_mapping: torch.Tensor) -> torch.Tensor:

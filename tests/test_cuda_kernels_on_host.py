@@ -6,7 +6,8 @@ the same dispatch functions the CUDA ops use, on CPU tensors. Every write lands 
 guarded allocation and is compared byte for byte, guard bytes included, with the CPU op's;
 gathers write into poisoned, strided outputs. The CUDA semantics differ from the CPU ops' in
 one way, by design: a slot outside the view is skipped instead of rejected, so the CPU oracle
-gets those tokens as padding (-1). On a GPU, tests/test_cuda_graphs.py checks the real thing.
+gets those tokens as padding (-1). Duplicate slots are a caller error on both paths, so the
+slots here are distinct. On a GPU, tests/test_cuda_graphs.py checks the real thing.
 """
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def simt():
 def plan_for(layout: str, block_size: int) -> kvc.CachePlan:
     specs = [kvc.CacheSpec("mla", 656, 2), kvc.CacheSpec("indexer", 132, 2),
              kvc.CacheSpec("mla_auto", 1152, 1), kvc.CacheSpec("kv", 2 * 64, 1, 2),
-             kvc.CacheSpec("kv_odd", 2 * 5, 1, 3), kvc.CacheSpec("kv8", 5, 1, 3)]
+             kvc.CacheSpec("kv_odd", 2 * 5, 1, 3), kvc.CacheSpec("kv8", 5, 1, 3),
+             kvc.CacheSpec("mla8", 576, 1)]
     return kvc.plan_cache(specs, num_blocks=max(4, 160 // block_size), block_size=block_size,
                           layout=layout)
 
@@ -49,7 +51,8 @@ def slots_for(plan: kvc.CachePlan, t: int, seed: int) -> tuple[torch.Tensor, tor
     slots = torch.randperm(plan.num_slots, generator=g)[:t].to(torch.int64)
     slots[::7] = -1
     slots[3::11] = plan.num_slots + torch.arange(len(slots[3::11]))  # just past the view
-    slots[5::13] = BAD
+    slots[5::13] = BAD + torch.arange(len(slots[5::13]))
+    # -1 - t keeps the oracle's padding distinct (not needed: negative slots are never compared)
     oracle = torch.where(slots >= plan.num_slots, -1, slots)
     return slots, oracle
 
@@ -79,13 +82,15 @@ def test_writes_give_the_cpu_bytes(simt, layout, block_size, dtype):
     key_odd = torch.randn(t, 3, 8, generator=g).to(dtype)[:, :, :5]  # strided heads
     key8 = torch.randn(t, 3, 5, generator=g)
     scale = torch.tensor([0.5])
+    mla_scale = torch.tensor([0.0625])
     cuda_gc, cpu_gc = guarded(plan, seed=3), guarded(plan, seed=3)
     for gc, s, ops in ((cuda_gc, slots, simt), (cpu_gc, oracle, kvc.ops)):
         ops.dsa_write(kv_c, k_pe, gc.view("mla", 0), k, gc.view("indexer", 0), s, "fp8_ds_mla",
                       "ue8m0", "split")
         ops.dsa_write(kv_c, k_pe, gc.view("mla_auto", 0), k, gc.view("indexer", 1), s, "auto",
                       None, "row")
-        ops.concat_and_cache_mla(kv_c, k_pe, gc.view("mla", 1), s, "fp8_ds_mla")
+        ops.concat_and_cache_mla(kv_c, k_pe, gc.view("mla", 1), s, "fp8_ds_mla", None)
+        ops.concat_and_cache_mla(kv_c, k_pe, gc.view("mla8", 0), s, "fp8", mla_scale)
         ops.indexer_k_quant_and_cache(k[:40], gc.view("indexer", 1), s[:40], None, "split")
         ops.reshape_and_cache(key, gc.view("kv", 0), s, "auto", None)
         ops.reshape_and_cache(key_odd, gc.view("kv_odd", 0), s, "auto", None)
@@ -118,6 +123,13 @@ def test_gathers_give_the_cpu_bytes(simt, layout, block_size):
                       "fp8_ds_mla", "ue8m0", "split")
     kvc.ops.dsa_write(x[:, :512], x[:, 512:], gc.view("mla_auto", 0), k, gc.view("indexer", 0),
                       every, "auto", None, "row")
+    kvc.ops.concat_and_cache_mla(x[:, :512], x[:, 512:], gc.view("mla8", 0), every, "fp8", 0.03125)
+    # NaN codes and a negative-NaN scale: x86 arithmetic would keep the NaN's sign and payload,
+    # a GPU gives 0x7FFFFFFF; both kernels must select the canonical 0x7FC00000 themselves.
+    row = gc.view("mla", 1)[0, 0, 0]
+    row[:5] = 0x7F
+    row[512 + 4:512 + 8] = torch.tensor([-float("nan")]).view(torch.uint8)
+    gc.view("mla8", 0)[0, 0, 0, :3] = 0xFF
     nb = plan.num_blocks
     # Three requests (one empty), a table with entries outside the view, and skipped prefixes.
     lens = [min(70, n // 3), 0, min(45, n // 4)]
@@ -125,23 +137,36 @@ def test_gathers_give_the_cpu_bytes(simt, layout, block_size):
     table = torch.randint(-2, nb + 2, (3, width), generator=g, dtype=torch.int32)
     cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
     starts = torch.tensor([0, 0, 2 * block_size - 1], dtype=torch.int32)
-    total = int(cu[-1]) + 5  # rows past the last request read as zeros
+    total = int(cu[-1]) + 5  # rows past the last request keep the caller's poison
     slots = torch.randint(-1, n + 3, (40,), generator=g)
     slots[7] = BAD
-    mla_modes = [("mla", "fp8_ds_mla", torch.bfloat16, 576), ("mla", "fp8_ds_mla", torch.float32, 576),
-                 ("mla", "fp8_ds_mla", torch.uint8, 656), ("mla_auto", "auto", torch.bfloat16, 576)]
-    for name, kv, dtype, width_out in mla_modes:
+    slots[9] = 0  # the row with NaN codes
+    sc = torch.tensor([0.03125])
+    mla_modes = [("mla", "fp8_ds_mla", torch.bfloat16, 576, None),
+                 ("mla", "fp8_ds_mla", torch.float32, 576, None),
+                 ("mla", "fp8_ds_mla", torch.uint8, 656, None),
+                 ("mla_auto", "auto", torch.bfloat16, 576, None),
+                 ("mla8", "fp8", torch.bfloat16, 576, sc), ("mla8", "fp8", torch.float32, 576, sc),
+                 ("mla8", "fp8", torch.uint8, 576, sc)]
+    for name, kv, dtype, width_out, scale in mla_modes:
         view = gc.view(name, 1 if name == "mla" else 0)
         for src in ((table, cu, starts, None, total), (None, None, None, slots, slots.numel())):
             table_, cu_, starts_, slots_, rows = src
             got = poisoned(rows, width_out, dtype=dtype, pad=3)
             want = got.clone()
-            simt.gather_mla(view, table_, cu_, starts_, slots_, kv, got)
+            before = got.clone()
+            simt.gather_mla(view, table_, cu_, starts_, slots_, kv, got, scale)
             if slots_ is None:
                 kvc.ops.gather_mla(view, table_, cu_, kv, seq_starts=starts_, out=want,
-                                   validate=False)
+                                   validate=False, scale=scale)
+                # Rows past cu_seq_lens[-1] are the caller's: untouched on both paths.
+                assert torch.equal(got[int(cu[-1]):].view(torch.uint8),
+                                   before[int(cu[-1]):].view(torch.uint8))
             else:
-                kvc.ops.gather_mla_slots(view, slots_, kv, out=want, validate=False)
+                kvc.ops.gather_mla_slots(view, slots_, kv, out=want, validate=False, scale=scale)
+                if dtype == torch.float32:  # slot 0 (row 9) holds the NaNs
+                    nan_bits = got[9].contiguous().view(torch.int32)[got[9].isnan()]
+                    assert nan_bits.numel() >= 3 and bool((nan_bits == 0x7FC00000).all())
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (name, kv, dtype, src[3] is None)
     for placement, layer in (("split", 1), ("row", 0)):
         view = gc.view("indexer", layer)
@@ -149,6 +174,8 @@ def test_gathers_give_the_cpu_bytes(simt, layout, block_size):
                                                    (None, None, None, slots, slots.numel())):
             got = (poisoned(rows, 128, dtype=torch.uint8, pad=5), torch.full((rows,), -7.0))
             want = (got[0].clone(), got[1].clone())
+            if slots_ is None:  # rows past the last request keep their poison
+                kept = (got[0][int(cu[-1]):].clone(), got[1][int(cu[-1]):].clone())
             simt.gather_indexer(view, table_, cu_, starts_, slots_, placement, *got)
             if slots_ is None:
                 kvc.ops.gather_indexer(view, table_, cu_, placement, seq_starts=starts_, out=want,
@@ -158,3 +185,6 @@ def test_gathers_give_the_cpu_bytes(simt, layout, block_size):
             assert torch.equal(got[0], want[0]) and torch.equal(got[1].view(torch.int32),
                                                                 want[1].view(torch.int32))
             assert (got[0] != 0).any()  # real rows were read, not only zero rows
+            if slots_ is None:
+                assert torch.equal(got[0][int(cu[-1]):], kept[0])
+                assert bool((got[1][int(cu[-1]):] == -7.0).all())

@@ -158,7 +158,9 @@ MLA_BAD = [
     (lambda a: a | {"k_pe": a["k_pe"][:, :32]}, ValueError, r"k_pe.size\(1\) must be 64"),
     (lambda a: a | {"view": a["indexer_view"]}, ValueError, "view rows must be 656"),
     (lambda a: a | {"slot_mapping": torch.cat([a["slot_mapping"]] * 2)}, ValueError, "kv_c must hold at least"),
-    (lambda a: a | {"kv_cache_dtype": "fp8"}, ValueError, "kv_cache_dtype"),
+    (lambda a: a | {"kv_cache_dtype": "fp4"}, ValueError, "kv_cache_dtype"),
+    (lambda a: a | {"kv_cache_dtype": "fp8", "scale": 1.0}, ValueError, "view rows must be 576"),
+    (lambda a: a | {"scale": 1.0}, ValueError, "scale is only used with kv_cache_dtype"),
     (lambda a: a | {"view": a["view"][:, :, :, :100]}, ValueError, "view rows must be 656"),
 ]
 

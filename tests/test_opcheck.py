@@ -31,7 +31,7 @@ def cases(device: str):
     bf = torch.empty(45, 576, dtype=torch.bfloat16, device=device)
     other = kvc.allocate(plan, device=device, fill=1)
     spans = kvc.block_spans(plan, torch.tensor([[0, 1], [2, 3]]))
-    ops.concat_and_cache_mla(x[:, :512], x[:, 512:], mla, slots.clamp(min=0))
+    ops.concat_and_cache_mla(x[:, :512], x[:, 512:], mla, slots)
     return {
         "reshape_and_cache": (OPS.reshape_and_cache, (key, kv_cache.view("k", 0), kv_slots, "auto", None)),
         "reshape_and_cache_fp8": (OPS.reshape_and_cache, (

@@ -1,4 +1,5 @@
-// CPU loops of the gathers. Tokens without a valid slot come back as zero rows.
+// CPU loops of the gathers. Tokens without a valid slot come back as zero rows; output rows past
+// the last request's tokens are left as they are.
 #include <ATen/Parallel.h>
 
 #include <cstring>
@@ -14,6 +15,7 @@ void mla_gather(const MlaGatherParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       uint8_t* out = p.out + t * p.out_stride;
       const int64_t slot = p.src.slot_of(t, p.view);
+      if (slot == kNoRow) continue;
       if (slot < 0) {
         std::memset(out, 0, out_bytes);
         continue;
@@ -24,6 +26,10 @@ void mla_gather(const MlaGatherParams& p) {
         continue;
       }
       const bool bf16 = p.mode == MlaGatherMode::kDequantBf16;
+      if (p.format == MlaFormat::kFp8Tensor) {  // 576 codes, one scale
+        decode_row(row, kMlaDim, p.scale.get(), bf16, out);
+        continue;
+      }
       for (int64_t k = 0; k < kMlaLatentDim / kMlaTile; ++k) {
         float scale;
         std::memcpy(&scale, row + kMlaScalesOffset + 4 * k, 4);
@@ -36,7 +42,7 @@ void mla_gather(const MlaGatherParams& p) {
         for (int64_t i = 0; i < kMlaRopeDim; ++i) {
           uint16_t h;
           std::memcpy(&h, rope + 2 * i, 2);
-          const float v = bf16_to_float(h);
+          const float v = canonical_nan(bf16_to_float(h));
           std::memcpy(out + 4 * (kMlaLatentDim + i), &v, 4);
         }
       }
@@ -49,6 +55,7 @@ void indexer_gather(const IndexerGatherParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       uint8_t* codes = p.codes + t * p.codes_stride;
       const int64_t slot = p.src.slot_of(t, p.view);
+      if (slot == kNoRow) continue;
       if (slot < 0) {
         std::memset(codes, 0, kIndexerDim);
         p.scales[t] = 0.0f;

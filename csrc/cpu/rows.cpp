@@ -58,7 +58,7 @@ KVC_CPU_HOT void decode_row(const uint8_t* codes, int64_t n, float scale, bool b
     for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(e4m3_decode(codes[i]) * scale);
   } else {
     float* o = reinterpret_cast<float*>(out);
-    for (int64_t i = 0; i < n; ++i) o[i] = e4m3_decode(codes[i]) * scale;
+    for (int64_t i = 0; i < n; ++i) o[i] = canonical_nan(e4m3_decode(codes[i]) * scale);
   }
 }
 

@@ -41,7 +41,7 @@ void plain_write(const PlainWriteParams& p) {
               p.key_token_stride * es, p.key_head_stride * es, p.head_dim * es);
     return;
   }
-  const float scale = *p.scale;
+  const float scale = p.scale.get();
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> x(p.head_dim);
     for (int64_t t = begin; t < end; ++t) {
@@ -55,9 +55,26 @@ void plain_write(const PlainWriteParams& p) {
   });
 }
 
+// Per-tensor fp8 rows (DeepSeek-V3/R1): the codes of kv_c, then those of k_pe, one scale.
+static void mla_fp8_tensor_write(const MlaWriteParams& p) {
+  const float scale = p.scale.get();
+  at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+    float x[kMlaLatentDim];
+    for (int64_t t = begin; t < end; ++t) {
+      if (!p.view.valid_slot(p.slots[t])) continue;
+      uint8_t* row = p.view.row(p.slots[t]);
+      load_amax(elem(p.kv_c, t * p.kv_c_stride, p.dtype), p.dtype, kMlaLatentDim, x);
+      encode_row(x, kMlaLatentDim, scale, row);
+      load_amax(elem(p.k_pe, t * p.k_pe_stride, p.dtype), p.dtype, kMlaRopeDim, x);
+      encode_row(x, kMlaRopeDim, scale, row + kMlaLatentDim);
+    }
+  });
+}
+
 void mla_write(const MlaWriteParams& p) {
   const int64_t es = dtype_size(p.dtype);
-  if (!p.fp8) {  // 512 then 64 values of the input dtype, one pass over the rows
+  if (p.format == MlaFormat::kFp8Tensor) return mla_fp8_tensor_write(p);
+  if (p.format == MlaFormat::kAuto) {  // 512 then 64 values of the input dtype, one pass over the rows
     const auto* kv_c = static_cast<const uint8_t*>(p.kv_c);
     const auto* k_pe = static_cast<const uint8_t*>(p.k_pe);
     at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {

@@ -14,15 +14,60 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return float_to_bf16(lo) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
 }
 
-// Lane l dequantizes codes [16 l, 16 l + 16) (tile l / 8); lanes 0..7 (bf16) or 0..15 (fp32)
-// carry the rope values.
+// n decoded values (n % 4 == 0) as bf16 or fp32 words at dst; fp32 NaN canonical.
+template <MlaGatherMode kMode, int N>
+__device__ __forceinline__ void store_values(uint8_t* dst, const float (&v)[N]) {
+  if constexpr (kMode == MlaGatherMode::kDequantBf16) {
+    uint32_t w[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) w[i] = pack_bf16(v[2 * i], v[2 * i + 1]);
+    store_words(dst, w);
+  } else {
+    uint32_t w[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = float_bits(canonical_nan(v[i]));
+    store_words(dst, w);
+  }
+}
+
+// N codes (N % 4 == 0) held in words, decoded and multiplied by scale.
+template <int N>
+__device__ __forceinline__ void decode_words(const uint32_t (&c)[N / 4], float scale, float (&v)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = e4m3_decode(static_cast<uint8_t>(c[i / 4] >> (8 * (i % 4)))) * scale;
+}
+
+// Per-tensor fp8 rows (576 codes, one scale): lane l decodes codes [16 l, 16 l + 16), lanes
+// 0..7 also the rope codes [512 + 8 l, 512 + 8 l + 8).
 template <MlaGatherMode kMode>
+__device__ __forceinline__ void mla_gather_fp8_tensor(const MlaGatherParams& p, const uint8_t* row,
+                                                      uint8_t* out, int lane) {
+  constexpr int kOut = kMode == MlaGatherMode::kDequantBf16 ? 2 : 4;  // bytes per value
+  const float scale = p.scale.get();
+  uint32_t c[4];
+  load_words(row + 16 * lane, c);
+  float v[16];
+  decode_words<16>(c, scale, v);
+  store_values<kMode>(out + 16 * kOut * lane, v);
+  if (lane < 8) {
+    uint32_t r[2];
+    load_words(row + kMlaLatentDim + 8 * lane, r);
+    float w[8];
+    decode_words<8>(r, scale, w);
+    store_values<kMode>(out + kOut * (kMlaLatentDim + 8 * lane), w);
+  }
+}
+
+// Lane l dequantizes codes [16 l, 16 l + 16) (tile l / 8); lanes 0..7 (bf16) or 0..15 (fp32)
+// carry the rope values. Rows past the last request's tokens (kNoRow) are left alone.
+template <MlaGatherMode kMode, MlaFormat kFormat>
 __global__ void mla_gather_kernel(MlaGatherParams p) {
   const int64_t t = warp_row();
   if (t >= p.num_tokens) return;
   const int lane = threadIdx.x % kWarp;
   uint8_t* out = p.out + t * p.out_stride;
   const int64_t slot = p.src.slot_of(t, p.view);
+  if (slot == kNoRow) return;
   if (slot < 0) {
     warp_zero(out, mla_gather_row_bytes(p), lane);
     return;
@@ -30,39 +75,30 @@ __global__ void mla_gather_kernel(MlaGatherParams p) {
   const uint8_t* row = p.view.row(slot);
   if constexpr (kMode == MlaGatherMode::kCopyRow) {
     warp_copy(out, row, p.view.row_bytes, lane);
+  } else if constexpr (kFormat == MlaFormat::kFp8Tensor) {
+    mla_gather_fp8_tensor<kMode>(p, row, out, lane);
   } else {
     uint32_t c[4], s[1];
     load_words(row + 16 * lane, c);
     load_words(row + kMlaScalesOffset + 4 * (lane / 8), s);
     const float scale = bits_float(s[0]);
     float v[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = e4m3_decode(static_cast<uint8_t>(c[i / 4] >> (8 * (i % 4)))) * scale;
+    decode_words<16>(c, scale, v);
+    store_values<kMode>(out + (kMode == MlaGatherMode::kDequantBf16 ? 32 : 64) * lane, v);
     const uint8_t* rope = row + kMlaRopeOffset;
     if constexpr (kMode == MlaGatherMode::kDequantBf16) {
-      uint32_t w[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) w[i] = pack_bf16(v[2 * i], v[2 * i + 1]);
-      store_words(out + 32 * lane, w);
       if (lane < 8) {
         uint32_t r[4];
         load_words(rope + 16 * lane, r);
         store_words(out + 2 * kMlaLatentDim + 16 * lane, r);
       }
     } else {
-      uint32_t w[16];
-#pragma unroll
-      for (int i = 0; i < 16; ++i) w[i] = float_bits(v[i]);
-      store_words(out + 64 * lane, w);
       if (lane < 16) {
-        uint32_t r[2], f[4];
+        uint32_t r[2];
         load_words(rope + 8 * lane, r);
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          f[2 * i] = r[i] << 16;
-          f[2 * i + 1] = r[i] & 0xFFFF0000u;
-        }
-        store_words(out + 4 * kMlaLatentDim + 16 * lane, f);
+        const float f[4] = {bits_float(r[0] << 16), bits_float(r[0] & 0xFFFF0000u),
+                            bits_float(r[1] << 16), bits_float(r[1] & 0xFFFF0000u)};
+        store_values<kMode>(out + 4 * kMlaLatentDim + 16 * lane, f);
       }
     }
   }
@@ -75,6 +111,7 @@ __global__ void indexer_gather_kernel(IndexerGatherParams p) {
   const int lane = threadIdx.x % kWarp;
   uint8_t* codes = p.codes + t * p.codes_stride;
   const int64_t slot = p.src.slot_of(t, p.view);
+  if (slot == kNoRow) return;
   uint32_t w[1] = {0}, s[1] = {0};
   if (slot >= 0) {
     const IndexerAddress a = indexer_address(p.view, slot, p.placement);
@@ -88,15 +125,19 @@ __global__ void indexer_gather_kernel(IndexerGatherParams p) {
 template <class Launch>
 void dispatch_mla_gather(const MlaGatherParams& p, const Launch& launch) {
   const unsigned grid = grid_for(p.num_tokens);
+  constexpr MlaFormat kDs = MlaFormat::kFp8DsMla, kTensor = MlaFormat::kFp8Tensor;
+  const bool tensor = p.format == kTensor;
   switch (p.mode) {
     case MlaGatherMode::kCopyRow:
-      launch(mla_gather_kernel<MlaGatherMode::kCopyRow>, grid, p);
+      launch(mla_gather_kernel<MlaGatherMode::kCopyRow, kDs>, grid, p);
       break;
     case MlaGatherMode::kDequantBf16:
-      launch(mla_gather_kernel<MlaGatherMode::kDequantBf16>, grid, p);
+      tensor ? launch(mla_gather_kernel<MlaGatherMode::kDequantBf16, kTensor>, grid, p)
+             : launch(mla_gather_kernel<MlaGatherMode::kDequantBf16, kDs>, grid, p);
       break;
     case MlaGatherMode::kDequantF32:
-      launch(mla_gather_kernel<MlaGatherMode::kDequantF32>, grid, p);
+      tensor ? launch(mla_gather_kernel<MlaGatherMode::kDequantF32, kTensor>, grid, p)
+             : launch(mla_gather_kernel<MlaGatherMode::kDequantF32, kDs>, grid, p);
       break;
   }
 }

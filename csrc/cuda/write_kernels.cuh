@@ -69,6 +69,32 @@ __device__ __forceinline__ void store_mla_fp8(const MlaWriteParams& p, int64_t s
   }
 }
 
+// Per-tensor fp8 rows (576 B): lane l encodes kv_c values [16 l, 16 l + 16) to bytes 16 l..,
+// lanes 0..7 the rope values [8 l, 8 l + 8) to bytes 512 + 8 l.. .
+template <bool kHalf>
+__device__ __forceinline__ void store_mla_fp8_tensor(const MlaWriteParams& p, int64_t slot,
+                                                     const MlaInputs& in, int lane) {
+  if (!p.view.valid_slot(slot)) return;
+  const float scale = p.scale.get();
+  float x[16];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) unpack2<kHalf>(in.latent[i], x[2 * i], x[2 * i + 1]);
+  uint8_t* row = p.view.row(slot);
+  uint32_t codes[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    codes[i] = pack4_e4m3(x[4 * i] / scale, x[4 * i + 1] / scale, x[4 * i + 2] / scale,
+                          x[4 * i + 3] / scale);
+  store_words(row + 16 * lane, codes);
+  if (lane < 8) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) unpack2<kHalf>(in.rope[i], x[2 * i], x[2 * i + 1]);
+    const uint32_t rope[2] = {pack4_e4m3(x[0] / scale, x[1] / scale, x[2] / scale, x[3] / scale),
+                              pack4_e4m3(x[4] / scale, x[5] / scale, x[6] / scale, x[7] / scale)};
+    store_words(row + kMlaLatentDim + 8 * lane, rope);
+  }
+}
+
 // Unquantized rows are plain copies: the slot is needed before the first load.
 __device__ __forceinline__ void mla_auto_row(const MlaWriteParams& p, int64_t slot, int64_t t,
                                              int lane) {
@@ -110,14 +136,17 @@ __device__ __forceinline__ void store_indexer(const IndexerWriteParams& p, int64
   }
 }
 
-template <bool kHalf>
+template <bool kHalf, MlaFormat kFormat>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mla_fp8_kernel(MlaWriteParams p) {
   const int64_t t = warp_row();
   if (t >= p.num_tokens) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t slot = p.slots[t];
   MlaInputs in = load_mla_fp8(p, t, lane);
-  store_mla_fp8<kHalf>(p, slot, in, lane);
+  if constexpr (kFormat == MlaFormat::kFp8DsMla)
+    store_mla_fp8<kHalf>(p, slot, in, lane);
+  else
+    store_mla_fp8_tensor<kHalf>(p, slot, in, lane);
 }
 
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mla_auto_kernel(MlaWriteParams p) {
@@ -169,7 +198,7 @@ __global__ void plain_kernel(PlainWriteParams p) {
     warp_copy(dst, src, p.head_dim * es, lane);
     return;
   }
-  const float scale = *p.scale;
+  const float scale = p.scale.get();
   for (int64_t i = lane; i < p.head_dim; i += kWarp)
     dst[i] = e4m3_encode(load_as_float(src, i, p.dtype) / scale);
 }
@@ -184,12 +213,20 @@ void dispatch_plain_write(const PlainWriteParams& p, const Launch& launch) {
 template <class Launch>
 void dispatch_mla_write(const MlaWriteParams& p, const Launch& launch) {
   const unsigned grid = grid_for(p.num_tokens);
-  if (!p.fp8)
-    launch(mla_auto_kernel, grid, p);
-  else if (p.dtype == DType::kFloat16)
-    launch(mla_fp8_kernel<true>, grid, p);
-  else
-    launch(mla_fp8_kernel<false>, grid, p);
+  const bool half = p.dtype == DType::kFloat16;
+  switch (p.format) {
+    case MlaFormat::kAuto:
+      launch(mla_auto_kernel, grid, p);
+      break;
+    case MlaFormat::kFp8DsMla:
+      half ? launch(mla_fp8_kernel<true, MlaFormat::kFp8DsMla>, grid, p)
+           : launch(mla_fp8_kernel<false, MlaFormat::kFp8DsMla>, grid, p);
+      break;
+    case MlaFormat::kFp8Tensor:
+      half ? launch(mla_fp8_kernel<true, MlaFormat::kFp8Tensor>, grid, p)
+           : launch(mla_fp8_kernel<false, MlaFormat::kFp8Tensor>, grid, p);
+      break;
+  }
 }
 
 template <class Launch>
@@ -205,9 +242,10 @@ template <class Launch>
 void dispatch_dsa_write(const MlaWriteParams& mla, const IndexerWriteParams& idx,
                         const Launch& launch) {
   const unsigned grid = grid_for(mla.num_tokens);
-  // The op layer guarantees kv_c and k_idx share their dtype when the MLA rows are fp8.
+  // The op layer guarantees kv_c and k_idx share their dtype when the MLA rows are fp8, and
+  // that dsa_write's MLA rows are fp8_ds_mla or auto.
   const bool half = idx.dtype == DType::kFloat16;
-  if (mla.fp8)
+  if (mla.format == MlaFormat::kFp8DsMla)
     half ? launch(dsa_kernel<true, true>, grid, mla, idx)
          : launch(dsa_kernel<false, true>, grid, mla, idx);
   else

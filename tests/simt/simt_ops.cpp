@@ -29,8 +29,9 @@ void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot
 }
 
 void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& view,
-                          const Tensor& slot_mapping, const std::string& kv_cache_dtype) {
-  const auto p = kvc::mla_write_args(kv_c, k_pe, view, slot_mapping, kv_cache_dtype);
+                          const Tensor& slot_mapping, const std::string& kv_cache_dtype,
+                          const std::optional<Tensor>& scale) {
+  const auto p = kvc::mla_write_args(kv_c, k_pe, view, slot_mapping, kv_cache_dtype, scale);
   if (p.num_tokens) kvc::cuda::dispatch_mla_write(p, Launch{});
 }
 
@@ -44,7 +45,8 @@ void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, c
                const Tensor& indexer_view, const Tensor& slot_mapping,
                const std::string& kv_cache_dtype, const OptS& scale_fmt,
                const std::string& placement) {
-  const auto mla = kvc::mla_write_args(kv_c, k_pe, mla_view, slot_mapping, kv_cache_dtype);
+  const auto mla = kvc::mla_write_args(kv_c, k_pe, mla_view, slot_mapping, kv_cache_dtype,
+                                       std::nullopt);
   const auto idx = kvc::indexer_write_args(k_idx, indexer_view, slot_mapping, osv(scale_fmt),
                                            placement);
   if (mla.num_tokens) kvc::cuda::dispatch_dsa_write(mla, idx, Launch{});
@@ -59,9 +61,9 @@ kvc::GatherSource source(const std::optional<Tensor>& block_table,
 void gather_mla(const Tensor& view, const std::optional<Tensor>& block_table,
                 const std::optional<Tensor>& cu_seq_lens, const std::optional<Tensor>& seq_starts,
                 const std::optional<Tensor>& slots, const std::string& kv_cache_dtype,
-                const Tensor& out) {
+                const Tensor& out, const std::optional<Tensor>& scale) {
   const auto p = kvc::mla_gather_args(view, source(block_table, cu_seq_lens, seq_starts, slots),
-                                      kv_cache_dtype, out);
+                                      kv_cache_dtype, out, scale);
   if (p.num_tokens) kvc::cuda::dispatch_mla_gather(p, Launch{});
 }
 
