@@ -10,6 +10,14 @@ for T <= 512; inputs rotated through up to 64 copies and, on a GPU, the L2 cache
 counting bytes read + written once, that as a share of the device's copy bandwidth measured in
 the same run (a 1 GiB copy) and against a torch copy of the same bytes timed the same way, and
 the speed-up over the pure-torch reference (eager; torch.compile at T = 16384, measured last).
+The op, its same-size copy and its torch reference are timed in alternating rounds, so a load
+that comes and goes weighs on all three alike; every row reports the spread of the op's samples
+(interquartile range / median) and is flagged noisy when that of the op or of a yardstick
+exceeds bench_report.NOISY_SPREAD_PCT. The large copy is measured at the start, after every
+size and at the end, and the run warns (Markdown header, JSON "warnings", stderr) when it
+drifts, when it is far below the machine's usual figure (--usual-copy, by default the committed
+benchmarks/results/bench_<device>.json) or when a "% of copy" figure is beyond what an op can
+reach (see the bounds in bench_report.py).
 Writes a Markdown table and a JSON file (device, torch and CUDA versions, commit, date) as it
 goes, and PNG plots at the end, under --out. With --budget-s the run stops measuring when the
 time is spent and writes what it has, marked incomplete.
@@ -21,6 +29,7 @@ import argparse
 import contextlib
 import datetime
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -32,10 +41,11 @@ import torch
 
 import kvcache_ext as kvc
 from kvcache_ext import reference as ref
-from kvcache_ext.timing import time_calls
+from kvcache_ext.timing import Timer, Timing, time_interleaved, time_samples
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import Result, write  # noqa: E402
+from bench_report import (COPY_BELOW_USUAL_FACTOR, NOISY, NOISY_SPREAD_PCT, Result,  # noqa: E402
+                          copy_summary, usual_copy, write)
 
 BLOCK = 64
 ROTATE_BYTES = 256 << 20  # inputs rotated through at least this much memory (> L2 on any GPU)
@@ -52,14 +62,19 @@ def nvtx(name: str):
     return contextlib.nullcontext()
 
 
-def copy_bandwidth(device: torch.device, repeats: int) -> tuple[float, int]:
-    """GB/s of a large device copy (bytes read + written), and the bytes copied."""
-    n = (1 << 30) if device.type == "cuda" else (256 << 20)
+def copy_bytes(device: torch.device) -> int:
+    """The size of the large copy whose bandwidth is the run's yardstick."""
+    return (1 << 30) if device.type == "cuda" else (256 << 20)
+
+
+def copy_bandwidth(device: torch.device, repeats: int) -> Timing:
+    """Samples (microseconds) of a large device copy of copy_bytes(device); the GB/s count the
+    bytes read + written. Taken at several points of a run (see main)."""
+    n = copy_bytes(device)
     a = torch.empty(n, dtype=torch.uint8, device=device)
     b = torch.empty_like(a)
     a.fill_(1)
-    us = time_calls([lambda: b.copy_(a)], device, max(5, repeats // 4), use_graph=False)
-    return 2 * n / us / 1e3, n
+    return time_samples([lambda: b.copy_(a)], device, max(5, repeats // 4), use_graph=False)
 
 
 def l2_flush_buffer(device: torch.device) -> torch.Tensor | None:
@@ -67,25 +82,17 @@ def l2_flush_buffer(device: torch.device) -> torch.Tensor | None:
     return torch.ones(ROTATE_BYTES, dtype=torch.uint8, device=device) if device.type == "cuda" else None
 
 
-class SameSizeCopy:
-    """Microseconds of a torch copy moving `nbytes` (half read, half written), rotated through
-    a pool larger than L2 and timed like the op (graph replay or not): the best a kernel moving
-    that many bytes can hope for, launch and ramp-up included."""
-
-    def __init__(self, device: torch.device, repeats: int, l2_flush: torch.Tensor | None):
-        self.device, self.repeats, self.l2_flush = device, repeats, l2_flush
-        self.measured: dict[tuple[int, bool], float] = {}
-
-    def us(self, nbytes: int, graph: bool) -> float:
-        half = max(1, nbytes // 2)
-        if (half, graph) not in self.measured:
-            sets = max(2, min(MAX_SETS, ROTATE_BYTES // half))
-            src = torch.ones(sets, half, dtype=torch.uint8, device=self.device)
-            dst = torch.empty_like(src)
-            calls = [lambda i=i: dst[i].copy_(src[i]) for i in range(sets)]
-            self.measured[(half, graph)] = time_calls(calls, self.device, self.repeats, graph,
-                                                      l2_flush=self.l2_flush)
-        return self.measured[(half, graph)]
+def same_size_copy(nbytes: int, graph: bool, device: torch.device,
+                   l2_flush: torch.Tensor | None) -> Timer:
+    """A timer of a torch copy moving `nbytes` (half read, half written), rotated through a pool
+    larger than L2 and timed like the op (graph replay or not): the best a kernel moving that
+    many bytes can hope for, launch and ramp-up included. Timed interleaved with the op."""
+    half = max(1, nbytes // 2)
+    sets = max(2, min(MAX_SETS, ROTATE_BYTES // half))
+    src = torch.ones(sets, half, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    calls = [lambda i=i: dst[i].copy_(src[i]) for i in range(sets)]
+    return Timer(calls, device, graph, l2_flush=l2_flush, name=f"same-size copy {nbytes} B")
 
 
 @dataclass
@@ -168,20 +175,22 @@ def block_copy_results(device: torch.device, repeats: int, quick: bool) -> list[
             for direction, (a, b) in (("to_host", (gpu, cpu)), ("to_device", (cpu, gpu))):
                 with nvtx(f"copy_blocks {layout} {direction} n={n}"):
                     stats = kvc.copy_blocks(a, b, mapping)
-                    us = time_calls([lambda: kvc.copy_blocks(a, b, mapping)], device, repeats,
-                                    use_graph=False, hide_launch=False)
+                    t = time_samples([lambda: kvc.copy_blocks(a, b, mapping)], device, repeats,
+                                     use_graph=False, hide_launch=False).stats()
                 rows.append({"layout": layout, "direction": direction, "blocks": n,
-                             "spans": stats.spans, "bytes": stats.bytes, "us": us,
-                             "gbps": stats.bytes / us / 1e3})
+                             "spans": stats.spans, "bytes": stats.bytes, "us": t["median"],
+                             "gbps": stats.bytes / t["median"] / 1e3, "samples": t["n"],
+                             "min_us": t["min"], "q1_us": t["q1"], "q3_us": t["q3"],
+                             "spread_pct": t["spread_pct"]})
     return rows
 
 
 def try_compile(fn: Callable[[int], object], device: torch.device, repeats: int,
-                l2_flush: torch.Tensor | None) -> float | None:
+                l2_flush: torch.Tensor | None) -> Timing | None:
     try:
         compiled = torch.compile(lambda: fn(0))
-        return time_calls([compiled], device, max(3, repeats // 4), use_graph=False,
-                          l2_flush=l2_flush)
+        return time_samples([compiled], device, max(3, repeats // 4), use_graph=False,
+                            l2_flush=l2_flush)
     except Exception as e:  # noqa: BLE001  (report and continue: not every path compiles)
         print(f"  torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}")
         return None
@@ -193,6 +202,19 @@ def git_commit() -> str:
                                        cwd=Path(__file__).parent).strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def host_name() -> str:
+    """The CPU model and core count, so that a CPU run is compared with its own machine's."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} x{os.cpu_count()}"
 
 
 @dataclass
@@ -219,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=None,
                    help="stop measuring after this many seconds and write what was measured")
     p.add_argument("--out", default=os.environ.get("OUT") or "benchmarks/out")
+    p.add_argument("--usual-copy", default=None, metavar="JSON",
+                   help="a previous results file whose copy bandwidth is this machine's usual "
+                        "figure (default: benchmarks/results/bench_<device>.json; 'none': no "
+                        "comparison)")
     args = p.parse_args(argv)
 
     budget = Budget(args.budget_s, time.monotonic())
@@ -238,17 +264,33 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "threads": torch.get_num_threads(), "quick": quick, "block_size": BLOCK,
         "repeats": repeats, "complete": False, "stopped": "running",
+        "host": host_name(), "copy_bytes": copy_bytes(device),
     }
-    with nvtx("copy bandwidth"):
-        copy_gbps, meta["copy_bytes"] = copy_bandwidth(device, repeats)
-    print(f"{meta['device_name']}: copy bandwidth {copy_gbps:.1f} GB/s (read + write)")
+    # The machine's usual copy bandwidth, read before this run may overwrite the file.
+    usual_path = (Path(__file__).resolve().parent / "results" / f"bench_{device.type}.json"
+                  if args.usual_copy is None else None if args.usual_copy == "none"
+                  else Path(args.usual_copy))
+    usual = usual_copy(usual_path, meta) if usual_path else None
+    checkpoints: list[tuple[str, list[float]]] = []  # the large copy's samples, through the run
+
+    def copy_checkpoint(at: str) -> dict:
+        with nvtx(f"copy bandwidth ({at})"):
+            checkpoints.append((at, copy_bandwidth(device, repeats).samples))
+        return copy_summary(checkpoints, meta["copy_bytes"])
+
+    copy = copy_checkpoint("start")
+    print(f"{meta['device_name']}: copy bandwidth {copy['gbps']:.1f} GB/s (read + write), "
+          f"spread {copy['spread_pct']:.0f} %"
+          + (f"; usual {usual['gbps']:.1f} GB/s ({usual['source']})" if usual else ""))
+    if usual and copy["gbps"] * COPY_BELOW_USUAL_FACTOR < usual["gbps"]:
+        print("warning: the copy bandwidth is far below this machine's usual figure: is the "
+              "machine loaded? (see the warnings at the end)", file=sys.stderr)
     l2_flush = l2_flush_buffer(device)  # calls find their data in DRAM, not in L2
-    same_size = SameSizeCopy(device, repeats, l2_flush)
     results: list[Result] = []
     copies: list[dict] = []
 
-    def save(with_plot: bool = False) -> None:
-        write(out, tag, results, copy_gbps, copies, meta, with_plot)
+    def save(with_plot: bool = False) -> list[str]:
+        return write(out, tag, results, copy, copies, meta, with_plot, usual)
 
     for layout in args.layouts.split(","):
         for tokens in sizes:
@@ -257,25 +299,37 @@ def main(argv: list[str] | None = None) -> int:
             graph = device.type == "cuda" and tokens <= 512
             sets, cases = build_cases(layout, tokens, device, gen)
             for case in cases:
-                with nvtx(f"{case.name} {layout} T={tokens}"):
-                    calls = [lambda i=i: case.kernel(i) for i in range(sets)]
-                    us = time_calls(calls, device, repeats, graph, l2_flush=l2_flush)
-                    torch_us = None
-                    if case.torch_path is not None and (tokens <= 16384 or not quick):
-                        torch_us = time_calls([lambda: case.torch_path(0)], device,
-                                              max(3, repeats // 5), use_graph=False,
-                                              l2_flush=l2_flush)
-                with nvtx(f"same-size copy {case.bytes} B"):
-                    copy_us = same_size.us(case.bytes, graph)
+                name = f"{case.name} {layout} T={tokens}"
+                calls = [lambda i=i: case.kernel(i) for i in range(sets)]
+                # The op, a copy of the same bytes and the torch reference, in alternating
+                # rounds: a passing load weighs on all three, not on one of them.
+                timers = [(Timer(calls, device, graph, l2_flush=l2_flush, name=name), repeats),
+                          (same_size_copy(case.bytes, graph, device, l2_flush), repeats)]
+                if case.torch_path is not None and (tokens <= 16384 or not quick):
+                    timers.append((Timer([lambda: case.torch_path(0)], device, False,
+                                         l2_flush=l2_flush, name=f"torch {name}"),
+                                   max(3, repeats // 5)))
+                with nvtx(name):
+                    op_t, copy_t, *torch_t = time_interleaved(timers)
+                del timers
+                us, copy_us = op_t.median, copy_t.median
+                torch_us = torch_t[0].median if torch_t else None
                 gbps = case.bytes / us / 1e3
-                r = Result(case.name, layout, tokens, us, case.bytes, gbps, 100 * gbps / copy_gbps,
-                           copy_us, 100 * copy_us / us, torch_us,
-                           torch_us / us if torch_us else None, None, graph)
+                r = Result(case.name, layout, tokens, us, case.bytes, gbps,
+                           100 * gbps / copy["gbps"], copy_us, 100 * copy_us / us, torch_us,
+                           torch_us / us if torch_us else None, None, graph,
+                           copy_spread_pct=copy_t.spread_pct,
+                           torch_spread_pct=torch_t[0].spread_pct if torch_t else None)
+                r.set_stats(op_t.stats())
                 results.append(r)
-                print(f"{r.op:<28}{layout:>7}{tokens:>7}  {us:9.2f} us  {gbps:8.1f} GB/s  "
-                      f"{r.pct_copy:5.1f}% of copy BW  {r.pct_same_copy:5.1f}% of same-size copy  "
+                spreads = [op_t.spread_pct, copy_t.spread_pct] + [t.spread_pct for t in torch_t]
+                print(f"{r.op:<28}{layout:>7}{tokens:>7}  {us:9.2f} us "
+                      f"±{r.spread_pct:3.0f}%{' ' + NOISY if max(spreads) > NOISY_SPREAD_PCT else '  '}"
+                      f"  {gbps:8.1f} GB/s  {r.pct_copy:5.1f}% of copy BW  "
+                      f"{r.pct_same_copy:5.1f}% of same-size copy  "
                       f"x{r.speedup or 0:6.1f} vs torch", flush=True)
             del cases
+            copy = copy_checkpoint(f"{layout} T={tokens}")
             save()
 
     if not args.no_block_copies and not budget.spent():
@@ -294,10 +348,12 @@ def main(argv: list[str] | None = None) -> int:
                 if budget.spent() or case.torch_path is None:
                     continue
                 with nvtx(f"torch.compile {case.name} {layout} T={COMPILE_T}"):
-                    compiled_us = try_compile(case.torch_path, device, repeats, l2_flush)
+                    compiled = try_compile(case.torch_path, device, repeats, l2_flush)
+                compiled_us = compiled.median if compiled else None
                 for r in results:
                     if (r.op, r.layout, r.tokens) == (case.name, layout, COMPILE_T):
                         r.compiled_us = compiled_us
+                        r.compiled_spread_pct = compiled.spread_pct if compiled else None
                 print(f"torch.compile {case.name:<28}{layout:>7}  "
                       f"{'-' if compiled_us is None else f'{compiled_us:.2f} us'}", flush=True)
                 save()
@@ -305,7 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     meta["complete"] = not budget.hit
     meta["stopped"] = ("finished" if meta["complete"] else
                        f"the {args.budget_s:.0f} s budget ran out after {len(results)} cases")
-    save(with_plot=True)
+    copy = copy_checkpoint("end")
+    warnings = save(with_plot=True)
+    noisy = sum(r.noisy for r in results) + sum(c["noisy"] for c in copies)
+    if noisy:
+        print(f"{noisy} noisy row(s) (spread over {NOISY_SPREAD_PCT:.0f} %), flagged {NOISY} in "
+              f"the table", file=sys.stderr)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
     print(f"wrote {out}/bench_{tag}.md, .json, .png ({meta['stopped']})")
     return 0
 
