@@ -1,19 +1,115 @@
-"""python -m kvcache_ext {layout, capacity, demo}."""
+"""python -m kvcache_ext {layout, capacity, demo}: see a plan, size a cache, run the kernels.
+
+Bad arguments give one line on stderr and exit status 2 before anything else is printed;
+no subcommand prints this help on stderr and exits 2.
+"""
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from . import capacity as cap
 from .layout import LAYOUTS, CacheSpec, plan_cache
+from .presets import preset, preset_names
 from .render import address_walk, byte_map, side_by_side, views_table, walk_lines
 
 
 class CliError(Exception):
     """Bad input to a command: printed on one line, exit status 2."""
+
+
+# ---- argument types: argparse turns their errors into one line before any command runs ------
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+
+
+def lengths(text: str) -> list[int]:
+    values = int_list(text)
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers >= 0, got {text!r}")
+    return values
+
+
+def layout_name(text: str) -> str:
+    if text not in LAYOUTS:
+        raise argparse.ArgumentTypeError(f"layout must be one of {', '.join(LAYOUTS)}, got {text!r}")
+    return text
+
+
+def model_name(text: str) -> str:
+    try:
+        return preset(text).name
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def device_name(text: str) -> str:
+    """cpu or an available CUDA device (checked here, so the demo never starts on a bad one)."""
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"must be cpu or cuda[:N], got {text!r}") from None
+    if dev.type == "cpu":
+        return text
+    if dev.type != "cuda":
+        raise argparse.ArgumentTypeError(f"must be cpu or cuda[:N], got {text!r}")
+    if not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text!r}: no CUDA device is available (use --device cpu)")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: only {torch.cuda.device_count()} CUDA device(s) are available")
+    return text
+
+
+def out_file(text: str) -> str:
+    """A file path whose folder exists and is writable (checked before anything is printed)."""
+    folder = os.path.dirname(os.path.abspath(text))
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"folder {folder!r} of {text!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise argparse.ArgumentTypeError(f"folder {folder!r} of {text!r} is not writable")
+    return text
 
 
 def parse_spec(text: str, default_layers: int) -> CacheSpec:
@@ -30,21 +126,15 @@ def parse_spec(text: str, default_layers: int) -> CacheSpec:
     return CacheSpec(parts[0], nums[0], layers, heads)
 
 
-def parse_ints(text: str, flag: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise CliError(f"{flag} must be comma-separated integers, got {text!r}")
-
-
+# ---- layout ---------------------------------------------------------------------------------
 def cmd_layout(args: argparse.Namespace) -> None:
     specs = [parse_spec(s, args.layers) for s in (args.spec or ["mla:656", "indexer:132"])]
-    table = parse_ints(args.block_table, "--block-table")
+    table = args.block_table
     layouts = args.layout or ["BLHNC"]
-    num_blocks = args.num_blocks or max(table + [0]) + 3
+    num_blocks = args.num_blocks if args.num_blocks is not None else max(table + [0]) + 3
     plans = [plan_cache(specs, num_blocks, args.block_size, lay) for lay in layouts]
     columns = []
-    for plan in plans:
+    for plan in plans:  # every check runs here, before the first line is printed
         walk = address_walk(plan, args.token, table, args.layer)
         columns.append(views_table(plan) + [""] + byte_map(plan, walk.physical_block) + [""] +
                        walk_lines(walk))
@@ -53,111 +143,197 @@ def cmd_layout(args: argparse.Namespace) -> None:
     if args.html or args.svg or args.png:
         from .page import write_html, write_png, write_svg
         view = dict(token=args.token, block_table=table, layer=args.layer)
-        if args.html:
-            write_html(args.html, plans, **view)
-            print(f"wrote {args.html}")
-        if args.svg:
-            write_svg(args.svg, plans[0], **view)
-            print(f"wrote {args.svg}")
-        if args.png:
-            write_png(args.png, plans[0], **view)
-            print(f"wrote {args.png}")
+        for path, write in ((args.html, write_html), (args.svg, write_svg), (args.png, write_png)):
+            if path:
+                write(path, plans, **view)
+                print(f"wrote {path}")
+
+
+# ---- capacity -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CapacityModel:
+    title: str                     # how the model line names it
+    specs: tuple[CacheSpec, ...]   # whole model
+    block_size: int                # default block for --requests and --budget-gib
+    kv: cap.ModelKV | None = None  # set for the K/V shape options (the seed 004 wording)
+
+
+def capacity_model(args: argparse.Namespace) -> CapacityModel:
+    kv_opts = {"--kv-heads": args.kv_heads, "--head-dim": args.head_dim}
+    if args.model and args.spec:
+        raise CliError("--model and --spec cannot be combined")
+    if args.model or args.spec:
+        given = [flag for flag, v in kv_opts.items() if v is not None]
+        if args.model and args.layers is not None:
+            given.insert(0, "--layers")
+        if args.spec and args.dtype_bytes is not None:
+            given.append("--dtype-bytes")
+        if given:
+            raise CliError(f"{', '.join(given)} cannot be combined with "
+                           f"{'--model' if args.model else '--spec'} (they describe a K/V model)")
+    if args.model:
+        p = preset(args.model)
+        if args.dtype_bytes is not None:
+            p = p.with_dtype_bytes(args.dtype_bytes)
+        return CapacityModel(f"model {p.name} ({p.source})", p.specs, p.block_size)
+    layers = args.layers if args.layers is not None else 28
+    if args.spec:
+        return CapacityModel("model (specs)", tuple(parse_spec(s, layers) for s in args.spec), 16)
+    kv = cap.ModelKV(layers, args.kv_heads or 8, args.head_dim or 128, args.dtype_bytes or 2)
+    return CapacityModel(f"model: {kv.num_layers} layers, {kv.num_kv_heads} KV heads, head_dim "
+                         f"{kv.head_dim}, {kv.bytes_per_elem} B/elem, K and V", kv.specs(), 16, kv)
+
+
+def _replication(spec: CacheSpec, tp: int) -> str:
+    if not cap.replicated(spec, tp):
+        return ""
+    return (" (replicated on every TP rank)" if spec.num_heads == 1
+            else f" (each head on {tp // spec.num_heads} TP ranks)")
+
+
+def _per_token(b: int) -> str:
+    return f"{b / 1024:g} KiB/token ({b} B)"
 
 
 def cmd_capacity(args: argparse.Namespace) -> None:
-    model = cap.ModelKV(args.layers, args.kv_heads, args.head_dim, args.dtype_bytes)
-    r = cap.rank_kv(model, args.tokens, args.tp, args.pp, args.block_size)
-    kib = lambda b: f"{b / 1024:g} KiB"  # noqa: E731
+    m = capacity_model(args)
+    whole = cap.rank_cache(m.specs, 1)
+    r = cap.rank_cache(m.specs, args.tokens, args.tp, args.pp, args.block_size)
+    sweep = []
+    for tp in (1, 2, 4, 8, 16):
+        try:
+            sweep.append(f"TP{tp}={cap.rank_cache(m.specs, 1, tp, args.pp).bytes_per_token / 1024:g}")
+        except ValueError:
+            pass  # heads not divisible by this TP
+    bs = args.block_size or m.block_size
+    slots = cap.request_slots(args.requests, bs) if args.requests else None
+    pool = (cap.pool_for_budget(r.specs, int(args.budget_gib * 2**30), bs)
+            if args.budget_gib else None)
+
+    # Everything is computed and checked; print.
     mib = lambda b: f"{b / 2**20:g} MiB"  # noqa: E731
-    print(f"model: {args.layers} layers, {args.kv_heads} KV heads, head_dim {args.head_dim}, "
-          f"{args.dtype_bytes} B/elem -> {kib(cap.rank_kv(model, 1).bytes_per_token)}/token")
-    print(f"rank (TP {args.tp}, PP {args.pp}): {r.local_layers} layers, {r.local_kv_heads} KV "
-          f"heads, {kib(r.bytes_per_token)}/token")
+    if m.kv is not None:
+        print(f"{m.title} -> {_per_token(whole.bytes_per_token)}")
+        k = r.specs[0]
+        rank = f"{k.num_layers} layers, {k.num_heads} KV heads"
+    else:
+        print(f"{m.title}: {cap.describe_specs(m.specs)} -> {_per_token(whole.bytes_per_token)}")
+        rank = " + ".join(
+            f"{s.name} {s.num_layers} layers x {s.num_heads} head{'s' if s.num_heads > 1 else ''}"
+            + _replication(w, args.tp) for s, w in zip(r.specs, m.specs))
+    stages = cap.pp_stage_layers(m.specs[0].num_layers, args.pp)
+    uneven = f", the largest of stages {'/'.join(map(str, stages))}" if len(set(stages)) > 1 else ""
+    print(f"rank (TP {args.tp}, PP {args.pp}{uneven}): {rank}, {_per_token(r.bytes_per_token)}")
     print(f"  {args.tokens} tokens: effective {mib(r.effective_bytes)}, block-rounded "
           f"({r.allocated_tokens} slots) {mib(r.allocated_bytes)}")
-    print(f"TP sweep at PP {args.pp} (KiB/token per rank): " + ", ".join(
-        f"TP{tp}={cap.rank_kv(model, 1, tp, args.pp).bytes_per_token / 1024:g}"
-        for tp in (1, 2, 4, 8, 16) if _tp_ok(model, tp)))
-    if args.requests:
-        lens = parse_ints(args.requests, "--requests")
-        bs = args.block_size or 16
-        eff, alloc = cap.request_slots(lens, bs)
+    print(f"TP sweep at PP {args.pp} (KiB/token per rank): " + ", ".join(sweep))
+    if slots is not None:
+        eff, alloc = slots
         per = r.bytes_per_token
-        print(f"requests {lens} at block {bs}: {eff} effective vs {alloc} allocated slots "
+        print(f"requests {args.requests} at block {bs}: {eff} effective vs {alloc} allocated slots "
               f"({mib(eff * per)} vs {mib(alloc * per)})")
-    if args.budget_gib:
-        specs = [CacheSpec("k", args.head_dim * args.dtype_bytes, r.local_layers, r.local_kv_heads),
-                 CacheSpec("v", args.head_dim * args.dtype_bytes, r.local_layers, r.local_kv_heads)]
-        bs = args.block_size or 16
-        n = cap.max_num_blocks(lambda nb: plan_cache(specs, nb, bs), int(args.budget_gib * 2**30))
-        print(f"pool for {args.budget_gib:g} GiB at block {bs}: {n} blocks = {n * bs} tokens")
+    if pool is not None:
+        print(f"pool for {args.budget_gib:g} GiB per rank at block {bs}: {pool.num_blocks} blocks = "
+              f"{pool.tokens} tokens (plan_cache of the rank's specs: {pool.total_bytes} of "
+              f"{pool.budget_bytes} bytes)")
 
 
-def _tp_ok(model: cap.ModelKV, tp: int) -> bool:
-    try:
-        cap.local_kv_heads(model.num_kv_heads, tp)
-        return True
-    except ValueError:
-        return False
-
-
+# ---- demo -----------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> None:
     from .demo import run_demo
     run_demo(device=args.device, num_tokens=args.tokens)
 
 
+# ---- parser ---------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, no usage block
         self.exit(2, f"error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m kvcache_ext", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p = _Parser(prog="python -m kvcache_ext", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="{layout,capacity,demo}", parser_class=_Parser)
 
     lay = sub.add_parser("layout", help="views table, byte map and address walk of a plan")
-    lay.add_argument("--layout", action="append",
-                     help=f"one of {', '.join(LAYOUTS)} (repeat to compare; default BLHNC)")
+    lay.add_argument("--layout", action="append", type=layout_name,
+                     help=f"one of {', '.join(LAYOUTS)}; repeat to compare (default: BLHNC)")
     lay.add_argument("--spec", action="append",
-                     help="NAME:ROW_BYTES[:LAYERS[:HEADS]] (default mla:656 and indexer:132)")
-    lay.add_argument("--layers", type=int, default=2, help="layers of specs that give none")
-    lay.add_argument("--block-size", type=int, default=64)
-    lay.add_argument("--num-blocks", type=int, default=0,
-                     help="physical blocks (default: max block table entry + 3)")
-    lay.add_argument("--token", type=int, default=130, help="token position in the request")
-    lay.add_argument("--block-table", default="0,1,5", help="the request's block table")
-    lay.add_argument("--layer", type=int, default=1)
-    lay.add_argument("--side-by-side", action="store_true", help="print layouts in columns")
-    lay.add_argument("--html", help="write an interactive page to this file")
-    lay.add_argument("--svg", help="write the memory map as SVG")
-    lay.add_argument("--png", help="write the memory map as PNG (matplotlib)")
+                     help="NAME:ROW_BYTES[:LAYERS[:HEADS]], repeatable (default: mla:656 and "
+                          "indexer:132)")
+    lay.add_argument("--layers", type=positive_int, default=2,
+                     help="layers of specs that give none (default: %(default)s)")
+    lay.add_argument("--block-size", type=positive_int, default=64,
+                     help="tokens per block (default: %(default)s)")
+    lay.add_argument("--num-blocks", type=positive_int, default=None,
+                     help="physical blocks (default: largest block table entry + 3)")
+    lay.add_argument("--token", type=nonneg_int, default=130,
+                     help="token position in the request (default: %(default)s)")
+    lay.add_argument("--block-table", type=int_list, default="0,1,5",
+                     help="the request's block table (default: %(default)s)")
+    lay.add_argument("--layer", type=nonneg_int, default=1,
+                     help="layer whose addresses are walked (default: %(default)s)")
+    lay.add_argument("--side-by-side", action="store_true",
+                     help="print the layouts in columns (default: one after the other)")
+    lay.add_argument("--html", type=out_file,
+                     help="write an interactive page of every layout to this file (default: none)")
+    lay.add_argument("--svg", type=out_file,
+                     help="write the memory maps as SVG, layouts side by side (default: none)")
+    lay.add_argument("--png", type=out_file,
+                     help="write the memory maps as PNG (matplotlib), layouts side by side "
+                          "(default: none)")
     lay.set_defaults(func=cmd_layout)
 
-    c = sub.add_parser("capacity", help="KV bytes per rank, effective vs rounded, pool size")
-    c.add_argument("--layers", type=int, default=28)
-    c.add_argument("--kv-heads", type=int, default=8)
-    c.add_argument("--head-dim", type=int, default=128)
-    c.add_argument("--dtype-bytes", type=int, default=2)
-    c.add_argument("--tokens", type=int, default=4096)
-    c.add_argument("--tp", type=int, default=1)
-    c.add_argument("--pp", type=int, default=1)
-    c.add_argument("--block-size", type=int, default=None)
-    c.add_argument("--requests", default="", help="request lengths, e.g. 17,32")
-    c.add_argument("--budget-gib", type=float, default=0.0, help="size a K/V pool for this budget")
+    c = sub.add_parser("capacity", help="cache bytes per rank, effective vs rounded, pool size")
+    c.add_argument("--model", type=model_name,
+                   help=f"a published model: {', '.join(preset_names())} (default: none; the K/V "
+                        f"shape options below)")
+    c.add_argument("--spec", action="append",
+                   help="NAME:ROW_BYTES[:LAYERS[:HEADS]], repeatable, e.g. --spec mla:656 --spec "
+                        "indexer:132 --layers 61; heads split over TP, H=1 is replicated "
+                        "(default: none; the K/V shape options below)")
+    c.add_argument("--layers", type=positive_int, default=None,
+                   help="layers of the K/V model, or of specs that give none (default: 28)")
+    c.add_argument("--kv-heads", type=positive_int, default=None, help="KV heads (default: 8)")
+    c.add_argument("--head-dim", type=positive_int, default=None, help="head_dim (default: 128)")
+    c.add_argument("--dtype-bytes", type=positive_int, default=None,
+                   help="bytes per K/V element; with a K/V --model, overrides its bf16 (e.g. 1 "
+                        "for an fp8 cache) (default: 2)")
+    c.add_argument("--tokens", type=nonneg_int, default=4096,
+                   help="tokens of the sequence sized per rank (default: %(default)s)")
+    c.add_argument("--tp", type=positive_int, default=1,
+                   help="tensor-parallel ranks (default: %(default)s)")
+    c.add_argument("--pp", type=positive_int, default=1,
+                   help="pipeline stages; the largest stage is shown (default: %(default)s)")
+    c.add_argument("--block-size", type=positive_int, default=None,
+                   help="tokens per block (default: no rounding of --tokens; for --requests and "
+                        "--budget-gib the --model's block size, else 16)")
+    c.add_argument("--requests", type=lengths, default=None,
+                   help="request lengths, e.g. 17,32: effective vs block-rounded (default: none)")
+    c.add_argument("--budget-gib", type=positive_float, default=None,
+                   help="size one rank's pool for this many GiB (default: none)")
     c.set_defaults(func=cmd_capacity)
 
     d = sub.add_parser("demo", help="plan, write and read the DSA pair; check and time it")
-    d.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    d.add_argument("--tokens", type=int, default=4096)
+    d.add_argument("--device", type=device_name,
+                   default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cpu or cuda[:N] (default: cuda when available, else cpu; here "
+                        "%(default)s)")
+    d.add_argument("--tokens", type=positive_int, default=4096,
+                   help="tokens written, split over three requests (default: %(default)s)")
     d.set_defaults(func=cmd_demo)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # usage and the list of subcommands, not a one-line error
+        parser.print_help(sys.stderr)
+        return 2
     try:
         args.func(args)
-    except (CliError, ValueError, IndexError, KeyError, TypeError) as e:
+    except (CliError, ValueError, IndexError, KeyError, TypeError, OSError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr)
         return 2

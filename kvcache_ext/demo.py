@@ -16,13 +16,23 @@ from .transfer import copy_blocks
 LAYERS, BLOCK = 2, 64
 
 
+def request_lengths(num_tokens: int) -> list[int]:
+    """Up to three requests of uneven length; request 0 is the longest (4096: 2048, 1365, 683).
+    Empty requests are left out, so any num_tokens >= 1 gives at least request 0."""
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    first = -(-num_tokens // 2)
+    lens = [first, num_tokens // 3, num_tokens - first - num_tokens // 3]
+    return [n for n in lens if n > 0]
+
+
 def make_requests(num_tokens: int, num_blocks: int, gen: torch.Generator):
-    """Three requests of uneven length; request 0's block table starts 0, 1, 5 (seed 000)."""
-    lens = [num_tokens // 2, num_tokens // 3, num_tokens - num_tokens // 2 - num_tokens // 3]
+    """The requests' block tables; request 0's starts 0, 1, 5 (seed 000)."""
+    lens = request_lengths(num_tokens)
     width = max(-(-n // BLOCK) for n in lens)
     rest = [b for b in torch.randperm(num_blocks, generator=gen).tolist() if b not in (0, 1, 5)]
     ids = [0, 1, 5] + rest
-    table = torch.full((3, width), -1, dtype=torch.int32)
+    table = torch.full((len(lens), width), -1, dtype=torch.int32)
     at = 0
     for r, n in enumerate(lens):
         need = -(-n // BLOCK)
@@ -32,6 +42,11 @@ def make_requests(num_tokens: int, num_blocks: int, gen: torch.Generator):
     pos = torch.cat([torch.arange(n) for n in lens])
     cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
     return table, cu, slot_mapping(table, pos, BLOCK, req)
+
+
+def walked_token(num_tokens: int) -> int:
+    """Token 130 of request 0 (the seed's walk), or request 0's last token when it is shorter."""
+    return min(130, request_lengths(num_tokens)[0] - 1)
 
 
 def run_layout(layout: str, device: torch.device, num_tokens: int) -> bool:
@@ -44,7 +59,7 @@ def run_layout(layout: str, device: torch.device, num_tokens: int) -> bool:
     table, cu, slots = make_requests(num_tokens, num_blocks, gen)
 
     print("\n".join(views_table(plan)))
-    walk = address_walk(plan, 130, table[0].tolist(), 1)
+    walk = address_walk(plan, walked_token(num_tokens), table[0].tolist(), 1)
     print("\n".join(byte_map(plan, walk.physical_block) + walk_lines(walk)))
 
     x = (torch.randn(num_tokens, 576, generator=gen) * 2).to(torch.bfloat16)
@@ -96,6 +111,7 @@ def run_layout(layout: str, device: torch.device, num_tokens: int) -> bool:
 
 
 def run_demo(device: str = "cpu", num_tokens: int = 4096) -> None:
+    request_lengths(num_tokens)  # a bad --tokens fails before the first line is printed
     dev = torch.device(device)
     print(f"kvcache_ext demo on {dev} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'CPU'}), "
           f"torch {torch.__version__}\n")

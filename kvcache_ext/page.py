@@ -1,7 +1,8 @@
 """The layout, seen: a self-contained HTML page (and SVG / PNG pictures) drawn from a real plan.
 
 Everything the page shows comes from the planner: the memory map is an SVG drawn here from
-`render.block_regions`, and the page embeds each plan's view table (offsets and strides) as
+`render.map_picture` (the PNG draws the same boxes and labels with matplotlib, so both pictures
+carry the same labels and legend), and the page embeds each plan's view table (offsets and strides) as
 JSON. The page's script only applies the address formula of SPEC 2 to those numbers, and
 highlights the map cell that holds each address. No network access: inline CSS, JS and SVG.
 """
@@ -9,157 +10,101 @@ from __future__ import annotations
 
 import html
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from .layout import CachePlan
-from .render import Region, address_walk, block_regions, plan_data
+from .render import (PICTURE_GAP, Picture, Walk, address_walk, map_picture, plan_data,
+                     region_name)
 
-PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"]
-MAX_SHOWN_BLOCKS = 16
-
-
-@dataclass
-class Row:
-    label: str
-    start: int
-    cells: list[tuple[Region, int]] = field(default_factory=list)  # (region, block)
-    gaps: list[tuple[int, int]] = field(default_factory=list)      # (position among cells, count)
-    elided_rows: int = 0  # a placeholder row standing for this many elided rows
+_SVG_STYLE = (".title{font-weight:bold;font-size:12px}.label{fill:#222}.walk{fill:#b00}"
+              ".offset{fill:#777;font-size:9px}.elided,.gap{fill:#888;font-style:italic}"
+              ".cell-text{fill:#fff;pointer-events:none}.cell.hit{stroke:#000;stroke-width:2.5}")
+# The same styles for matplotlib: (size px, colour, weight, style).
+_PNG_STYLE = {"title": (12, "#222", "bold", "normal"), "label": (11, "#222", "normal", "normal"),
+              "walk": (11, "#b00", "normal", "normal"), "offset": (9, "#777", "normal", "normal"),
+              "elided": (11, "#888", "normal", "italic"), "gap": (11, "#888", "normal", "italic"),
+              "cell-text": (11, "#fff", "normal", "normal")}
 
 
-def shown_blocks(plan: CachePlan, block_table: list[int]) -> list[int]:
-    """All blocks of a small plan; else the first few, the last, and the block table's."""
-    if plan.num_blocks <= MAX_SHOWN_BLOCKS:
-        return list(range(plan.num_blocks))
-    keep = set(range(4)) | {plan.num_blocks - 1}
-    keep |= {b for b in block_table if 0 <= b < plan.num_blocks}
-    return sorted(keep)
+def _svg(pic: Picture, x: float = 0) -> str:
+    out = []
+    for b in pic.boxes:
+        if b.region is None:
+            out.append(f'<rect x="{b.x:.1f}" y="{b.y}" width="{b.w}" height="{b.h}" fill="{b.fill}"/>')
+            continue
+        r = b.region
+        out.append(
+            f'<rect class="cell{" hit" if b.hit else ""}" x="{b.x:.2f}" y="{b.y}" width="{b.w:.2f}" '
+            f'height="{b.h}" fill="{b.fill}" data-start="{r.start}" data-end="{r.end}" '
+            f'data-spec="{r.spec}" data-layer="{r.layer}" data-block="{b.block}"><title>'
+            f'{html.escape(region_name(r))} b{b.block}: bytes [{r.start:,}, {r.end:,})</title></rect>')
+    out += [f'<text x="{t.x:.1f}" y="{t.y}" class="{t.cls}">{html.escape(t.text)}</text>'
+            for t in pic.labels]
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="map" data-layout="{pic.layout}" '
+            f'x="{x:g}" y="0" width="{pic.width}" height="{pic.height}" '
+            f'viewBox="0 0 {pic.width} {pic.height}" font-family="monospace" font-size="11">'
+            f'<style>{_SVG_STYLE}</style>{"".join(out)}<g class="markers"></g></svg>')
 
 
-def map_rows(plan: CachePlan, blocks: list[int]) -> list[Row]:
-    """Rows of the memory map: one per block (block-outer) or per (spec, layer[, head])."""
-    rows: list[Row] = []
-    if plan.block_outer:
-        prev = -1
-        for b in blocks:
-            if b > prev + 1:
-                rows.append(Row(label="", start=0, elided_rows=b - prev - 1))
-            regions = block_regions(plan, b)
-            rows.append(Row(label=f"block {b}", start=regions[0].start,
-                            cells=[(r, b) for r in regions]))
-            prev = b
-        if blocks[-1] < plan.num_blocks - 1:
-            rows.append(Row(label="", start=0, elided_rows=plan.num_blocks - 1 - blocks[-1]))
-        return rows
-    for piece in block_regions(plan, 0):  # each piece of block 0 starts one row
-        stride = plan.tensor(piece.spec).block_stride
-        row = Row(label=f"{piece.spec} L{piece.layer}" + ("" if piece.head is None else f" H{piece.head}"),
-                  start=piece.start)
-        prev = -1
-        for b in blocks:
-            if b > prev + 1:
-                row.gaps.append((len(row.cells), b - prev - 1))
-            shift = b * stride
-            row.cells.append((Region(piece.start + shift, piece.end + shift, piece.spec, piece.layer,
-                                     piece.head), b))
-            prev = b
-        if blocks[-1] < plan.num_blocks - 1:
-            row.gaps.append((len(row.cells), plan.num_blocks - 1 - blocks[-1]))
-        rows.append(row)
-    return rows
-
-
-def svg_map(plan: CachePlan, block_table: list[int], width: int = 960) -> str:
+def svg_map(plan: CachePlan, block_table: list[int], width: int = 960, walk: Walk | None = None) -> str:
     """The memory map of `plan` as an SVG element (cells carry their byte range as data)."""
-    colors = {s.name: PALETTE[i % len(PALETTE)] for i, s in enumerate(plan.specs)}
-    rows = map_rows(plan, shown_blocks(plan, block_table))
-    label_w, gap_w, row_h, pad = 150, 34, 26, 6
-    span = max(sum(r.end - r.start for r, _ in row.cells) for row in rows if row.cells)
-    max_gaps = max(len(row.gaps) for row in rows)
-    scale = (width - label_w - pad - max_gaps * gap_w) / span
-    out, y = [], 28
-    title = (f"{plan.layout}: {plan.num_blocks} blocks x {plan.block_size} tokens, "
-             f"{plan.total_bytes:,} bytes")
-    out.append(f'<text x="4" y="16" class="title">{html.escape(title)}</text>')
-    for row in rows:
-        if row.elided_rows:
-            out.append(f'<text x="{label_w}" y="{y + 15}" class="elided">... {row.elided_rows} '
-                       f'block{"s" if row.elided_rows > 1 else ""} not drawn ...</text>')
-            y += row_h
-            continue
-        out.append(f'<text x="4" y="{y + 11}" class="label">{html.escape(row.label)}</text>'
-                   f'<text x="4" y="{y + 22}" class="offset">@{row.start:,}</text>')
-        x = float(label_w)
-        gaps = dict(row.gaps)
-        for i, (r, b) in enumerate(row.cells + [(None, None)]):
-            if i in gaps:
-                out.append(f'<text x="{x + 3:.1f}" y="{y + 16}" class="gap">...{gaps[i]}</text>')
-                x += gap_w
-            if r is None:
-                break
-            w = (r.end - r.start) * scale
-            name = f"{r.spec} L{r.layer}" + ("" if r.head is None else f" H{r.head}") + f" b{b}"
-            out.append(
-                f'<rect class="cell" x="{x:.2f}" y="{y}" width="{max(w - 1, 0.5):.2f}" height="{row_h - 4}" '
-                f'fill="{colors[r.spec]}" data-start="{r.start}" data-end="{r.end}" data-spec="{r.spec}" '
-                f'data-layer="{r.layer}" data-block="{b}"><title>{html.escape(name)}: bytes '
-                f'[{r.start:,}, {r.end:,})</title></rect>')
-            text = name if w > 7 * len(name) else (f"b{b}" if w > 22 else "")
-            if text:
-                out.append(f'<text x="{x + 3:.1f}" y="{y + 15}" class="cell-text">{html.escape(text)}</text>')
-            x += w
-        y += row_h
-    legend_x = 4
-    for s in plan.specs:
-        out.append(f'<rect x="{legend_x}" y="{y + 4}" width="12" height="12" fill="{colors[s.name]}"/>'
-                   f'<text x="{legend_x + 16}" y="{y + 14}" class="label">{html.escape(s.name)} '
-                   f'({s.row_bytes} B/token, {s.num_layers} layers, {s.num_heads} '
-                   f'head{"s" if s.num_heads > 1 else ""})</text>')
-        legend_x += 24 + 7 * (len(s.name) + 40)
-    height = y + 24
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="map" data-layout="{plan.layout}" '
-            f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="monospace" '
-            f'font-size="11"><style>.title{{font-weight:bold;font-size:12px}}.label{{fill:#222}}'
-            f'.offset{{fill:#777;font-size:9px}}.elided,.gap{{fill:#888;font-style:italic}}'
-            f'.cell-text{{fill:#fff;pointer-events:none}}.cell.hit{{stroke:#000;stroke-width:2.5}}'
-            f'</style>{"".join(out)}<g class="markers"></g></svg>')
+    return _svg(map_picture(plan, block_table, walk, width))
 
 
-def write_svg(path: str | Path, plan: CachePlan, token: int, block_table: list[int], layer: int) -> None:
-    address_walk(plan, token, block_table, layer)  # reject what the page would reject
-    Path(path).write_text(svg_map(plan, block_table))
+def _pictures(plans: CachePlan | Sequence[CachePlan], token: int, block_table: list[int],
+              layer: int) -> list[Picture]:
+    plans = [plans] if isinstance(plans, CachePlan) else list(plans)
+    # address_walk rejects what the page would reject, before a file is written
+    return [map_picture(p, block_table, address_walk(p, token, block_table, layer)) for p in plans]
 
 
-def write_png(path: str | Path, plan: CachePlan, token: int, block_table: list[int], layer: int) -> None:
-    """The memory map as PNG, drawn with matplotlib from the same rows as the SVG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    walk = address_walk(plan, token, block_table, layer)
-    rows = map_rows(plan, shown_blocks(plan, block_table))
-    colors = {s.name: PALETTE[i % len(PALETTE)] for i, s in enumerate(plan.specs)}
-    hits = {a.address for a in walk.addresses}
-    fig, ax = plt.subplots(figsize=(12, 0.45 * len(rows) + 1))
-    for i, row in enumerate(rows):
-        y = len(rows) - i
-        if row.elided_rows:
-            ax.text(0.01, y, f"... {row.elided_rows} blocks not drawn ...", style="italic", va="center")
-            continue
-        ax.text(-0.01, y, row.label, ha="right", va="center", fontsize=8)
-        span = sum(r.end - r.start for r, _ in row.cells)
-        x = 0.0
-        for r, b in row.cells:
-            w = (r.end - r.start) / span
-            hit = any(r.start <= h < r.end for h in hits)
-            ax.barh(y, w, left=x, color=colors[r.spec], edgecolor="black" if hit else "white",
-                    linewidth=2.5 if hit else 0.5)
-            x += w
+def svg_pictures(pics: Sequence[Picture]) -> str:
+    """One SVG; several layouts side by side, each its own nested <svg data-layout=...>."""
+    if len(pics) == 1:
+        return _svg(pics[0])
+    xs = [sum(p.width + PICTURE_GAP for p in pics[:i]) for i in range(len(pics))]
+    width, height = xs[-1] + pics[-1].width, max(p.height for p in pics)
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}">{"".join(_svg(p, x) for p, x in zip(pics, xs))}</svg>')
+
+
+def write_svg(path: str | Path, plans: CachePlan | Sequence[CachePlan], token: int,
+              block_table: list[int], layer: int) -> None:
+    Path(path).write_text(svg_pictures(_pictures(plans, token, block_table, layer)))
+
+
+def png_figure(plans: CachePlan | Sequence[CachePlan], token: int, block_table: list[int],
+               layer: int, dpi: int = 100):
+    """The SVG's picture as a matplotlib Figure: the same boxes and labels at the same pixels."""
+    from matplotlib.figure import Figure  # no pyplot: no global figure state
+    from matplotlib.patches import Rectangle
+    pics = _pictures(plans, token, block_table, layer)
+    width = sum(p.width for p in pics) + PICTURE_GAP * (len(pics) - 1)
+    height = max(p.height for p in pics)
+    fig = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set_xlim(0, width)
+    ax.set_ylim(height, 0)  # y down, as in SVG
     ax.set_axis_off()
-    ax.set_title(f"{plan.layout}: token {token} -> slot {walk.slot}; " + ", ".join(
-        f"{a.spec} L{a.layer} @ {a.address}" for a in walk.addresses), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    x0 = 0.0
+    for pic in pics:
+        for b in pic.boxes:
+            ax.add_patch(Rectangle((x0 + b.x, b.y), b.w, b.h, facecolor=b.fill, edgecolor="black",
+                                   linewidth=2.5 if b.hit else 0))  # the walked rows outlined
+        for t in pic.labels:
+            size, color, weight, style = _PNG_STYLE[t.cls]
+            ax.text(x0 + t.x, t.y, t.text, fontsize=size * 72 / dpi, color=color, fontweight=weight,
+                    fontstyle=style, family="monospace", va="baseline", ha="left")
+        x0 += pic.width + PICTURE_GAP
+    return fig
+
+
+def write_png(path: str | Path, plans: CachePlan | Sequence[CachePlan], token: int,
+              block_table: list[int], layer: int) -> None:
+    """The memory maps as PNG (matplotlib), drawn from the same picture as the SVG."""
+    fig = png_figure(plans, token, block_table, layer)
+    fig.savefig(path, dpi=fig.dpi)
 
 
 def write_html(path: str | Path, plans: list[CachePlan], token: int, block_table: list[int],

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -66,11 +67,21 @@ def test_svg_and_png(tmp_path):
     r = run_cli(*SEED_ARGS, "--svg", str(tmp_path / "m.svg"), "--png", str(tmp_path / "m.png"))
     assert r.returncode == 0, r.stderr
     svg = (tmp_path / "m.svg").read_text()
-    cells = re.findall(r'data-start="(\d+)" data-end="(\d+)"', svg)
-    assert len(cells) == 8 * 4  # every block of the seed plan, four pages each
-    spans = sorted((int(a), int(b)) for a, b in cells)
-    assert spans[0][0] == 0 and spans[-1][1] == 8 * 100864
-    assert all(x[1] == y[0] for x, y in zip(spans, spans[1:]))  # the pages tile the buffer
+    ET.fromstring(svg)  # well-formed
+    # Both --layouts are drawn, side by side in one picture: one nested <svg> each.
+    maps = re.findall(r'<svg [^>]*data-layout="(\w+)" x="([\d.]+)"[^>]*>(.*?)</svg>', svg, re.S)
+    assert [(m[0], float(m[1]) > 0) for m in maps] == [("BLHNC", False), ("LBNHC", True)]
+    for layout, _, body in maps:
+        cells = re.findall(r'data-start="(\d+)" data-end="(\d+)"', body)
+        assert len(cells) == 8 * 4  # every block of the seed plan, four pages each
+        spans = sorted((int(a), int(b)) for a, b in cells)
+        assert spans[0][0] == 0 and spans[-1][1] == 8 * 100864
+        assert all(x[1] == y[0] for x, y in zip(spans, spans[1:]))  # the pages tile the buffer
+        plan = kvc.plan_cache(SPECS, 8, 64, layout)
+        hits = re.findall(r'class="cell hit"[^>]*data-start="(\d+)" data-end="(\d+)" data-spec="(\w+)"',
+                          body)
+        assert sorted(h[2] for h in hits) == ["indexer", "mla"]  # the walked token's rows
+        assert all(int(a) <= plan.address(spec, 1, 322) < int(b) for a, b, spec in hits)
     assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
 
 
