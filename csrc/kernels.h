@@ -15,7 +15,8 @@ namespace kvc {
 struct TensorScale {
   const float* ptr;  // nullptr: use value
   float value;
-  KVC_HD float get() const { return ptr != nullptr ? *ptr : value; }
+  int64_t stride;    // 0: one scale for every head; 1: one per head (ptr only)
+  KVC_HD float get(int64_t head = 0) const { return ptr != nullptr ? ptr[head * stride] : value; }
 };
 
 // Row formats of the MLA ops.
@@ -34,7 +35,7 @@ struct PlainWriteParams {
   int64_t num_heads;
   int64_t head_dim;
   bool fp8;
-  TensorScale scale;  // fp8 only
+  TensorScale scale;  // fp8 only: per tensor or per head
   PagedView view;
   const int64_t* slots;
   int64_t num_tokens;
@@ -90,6 +91,21 @@ KVC_HD int64_t mla_gather_row_bytes(const MlaGatherParams& p) {
                                                 : p.view.row_bytes;
 }
 
+// gather_kv: [T, H, D] rows through a block table, copied (C = D x itemsize) or decoded from
+// e4m3 codes (C = D) with a per-tensor or per-head scale.
+struct KvGatherParams {
+  PagedView view;
+  TokenSource src;
+  int64_t num_tokens;
+  int64_t head_dim;  // D
+  DType dtype;       // of the output
+  bool fp8;
+  TensorScale scale;  // fp8 only
+  uint8_t* out;
+  int64_t out_token_stride;  // bytes
+  int64_t out_head_stride;   // bytes
+};
+
 struct IndexerGatherParams {
   PagedView view;
   TokenSource src;
@@ -113,11 +129,14 @@ void mla_write(const MlaWriteParams& p);
 void indexer_write(const IndexerWriteParams& p);
 void mla_gather(const MlaGatherParams& p);
 void indexer_gather(const IndexerGatherParams& p);
+void kv_gather(const KvGatherParams& p);
 }  // namespace cpu
 
 namespace cuda {
 // `stream` is a cudaStream_t.
 void plain_write(const PlainWriteParams& p, void* stream);
+void kv_write(const PlainWriteParams& k, const PlainWriteParams& v, void* stream);
+void kv_gather(const KvGatherParams& p, void* stream);
 void mla_write(const MlaWriteParams& p, void* stream);
 void indexer_write(const IndexerWriteParams& p, void* stream);
 void dsa_write(const MlaWriteParams& mla, const IndexerWriteParams& idx, void* stream);

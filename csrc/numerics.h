@@ -110,6 +110,19 @@ KVC_HD float fp16_to_float(uint16_t h) {
   return bits_float(sign | ((e + 112u) << 23) | (m << 13));
 }
 
+// fp16, round to nearest even, NaN -> 0x7E00. Normal range by integer rounding of the mantissa;
+// subnormals (|x| < 2^-14): adding 0.5 makes the FPU round at fp16's 2^-24 step.
+KVC_HD uint16_t float_to_fp16(float f) {
+  const uint32_t u = float_bits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return 0x7E00u;
+  if (a >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);  // rounds to inf
+  if (a >= 0x38800000u)
+    return static_cast<uint16_t>(sign | ((a + 0xFFFu + ((a >> 13) & 1u) - (112u << 23)) >> 13));
+  return static_cast<uint16_t>(sign | (float_bits(bits_float(a) + 0.5f) - 0x3F000000u));
+}
+
 // Round a positive scale up to a power of two (ue8m0), from the float's bits.
 KVC_HD float ue8m0_round_up(float s) {
   const uint32_t u = float_bits(s);
@@ -122,6 +135,14 @@ KVC_HD float ue8m0_round_up(float s) {
 enum class DType : int32_t { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 KVC_HD int64_t dtype_size(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+// One float stored as `t` at element i of dst (bf16 / fp16 NaN canonical, fp32 NaN 0x7FC00000).
+KVC_HD void store_float(void* dst, int64_t i, float v, DType t) {
+  if (t == DType::kFloat32)
+    static_cast<float*>(dst)[i] = canonical_nan(v);
+  else
+    static_cast<uint16_t*>(dst)[i] = t == DType::kBFloat16 ? float_to_bf16(v) : float_to_fp16(v);
+}
 
 KVC_HD float load_as_float(const void* p, int64_t i, DType t) {
   if (t == DType::kFloat32) return static_cast<const float*>(p)[i];

@@ -79,20 +79,29 @@ MlaFormat parse_mla_format(std::string_view kv_cache_dtype) {
                     kv_cache_dtype, "\"");
 }
 
-// A per-tensor scale: one fp32 on the view's device (read by the kernel, unchecked: reading it
-// here would synchronise), or on the host (read now, and refused unless finite and > 0).
-TensorScale tensor_scale(const OptTensor& scale, const at::Tensor& view, const char* view_arg) {
-  TORCH_CHECK_VALUE(scale.has_value(), "scale is required when kv_cache_dtype is \"fp8\"");
-  TORCH_CHECK_TYPE(scale->scalar_type() == at::kFloat, "scale must be float32, got ",
+// An fp8 scale: one fp32 (or one per head when `heads` > 1), on the view's device (read by the
+// kernel, unchecked: reading it here would synchronise), or on the host (checked now: finite
+// and > 0). A single host value is passed by value, so a CUDA view may take a CPU scale.
+TensorScale tensor_scale(const OptTensor& scale, const at::Tensor& view, const char* view_arg,
+                         int64_t heads = 1, const char* arg = "scale") {
+  TORCH_CHECK_VALUE(scale.has_value(), arg, " is required when kv_cache_dtype is \"fp8\"");
+  TORCH_CHECK_TYPE(scale->scalar_type() == at::kFloat, arg, " must be float32, got ",
                    scale->scalar_type());
-  TORCH_CHECK_VALUE(scale->numel() == 1, "scale must hold one value, got shape ", shape_str(*scale));
-  TORCH_CHECK_VALUE(scale->device() == view.device() || scale->is_cpu(),
-                    "scale must be on the device of ", view_arg, " (", view.device(),
-                    ") or on the CPU, got ", scale->device());
-  if (!scale->is_cpu()) return {ptr<float>(*scale), 0.0f};
-  const float v = *ptr<float>(*scale);
-  TORCH_CHECK_VALUE(std::isfinite(v) && v > 0.0f, "scale must be finite and > 0, got ", v);
-  return {nullptr, v};
+  const int64_t n = scale->numel();
+  TORCH_CHECK_VALUE(n == 1 || (n == heads && scale->dim() == 1 && scale->is_contiguous()), arg,
+                    " must hold one value", heads > 1 ? c10::str(" or one per head [", heads, "]") : "",
+                    ", got shape ", shape_str(*scale));
+  TORCH_CHECK_VALUE(scale->device() == view.device() || (scale->is_cpu() && (n == 1 || view.is_cpu())),
+                    arg, " must be on the device of ", view_arg, " (", view.device(), ")",
+                    n == 1 ? " or on the CPU" : "", ", got ", scale->device());
+  const float* values = ptr<float>(*scale);
+  const int64_t stride = n == 1 ? 0 : 1;
+  if (!scale->is_cpu()) return {values, 0.0f, stride};
+  for (int64_t h = 0; h < n; ++h)
+    TORCH_CHECK_VALUE(std::isfinite(values[h]) && values[h] > 0.0f, arg, n == 1 ? "" : c10::str("[", h, "]"),
+                      " must be finite and > 0, got ", values[h]);
+  if (n == 1) return {nullptr, values[0], 0};
+  return {values, 0.0f, stride};  // host values read by the CPU kernel
 }
 
 void check_no_scale(const OptTensor& scale, std::string_view kv_cache_dtype) {
@@ -183,26 +192,27 @@ PagedView paged_view(const at::Tensor& view, const char* arg) {
 
 PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
                                   const at::Tensor& slot_mapping, std::string_view kv_cache_dtype,
-                                  const OptTensor& scale) {
+                                  const OptTensor& scale, const char* key_arg,
+                                  const char* view_arg, const char* scale_arg) {
   PlainWriteParams p{};
-  p.view = paged_view(view, "view");
-  p.num_tokens = check_slot_mapping(slot_mapping, view, "view");
+  p.view = paged_view(view, view_arg);
+  p.num_tokens = check_slot_mapping(slot_mapping, view, view_arg);
   TORCH_CHECK_VALUE(kv_cache_dtype == "auto" || kv_cache_dtype == "fp8",
                     "kv_cache_dtype must be \"auto\" or \"fp8\", got \"", kv_cache_dtype, "\"");
   p.fp8 = kv_cache_dtype == "fp8";
-  p.dtype = input_dtype(key, "key", true);
-  check_rows(key, "key", p.num_tokens, {p.view.num_heads, -1});
-  check_same_device(key, "key", view, "view");
+  p.dtype = input_dtype(key, key_arg, true);
+  check_rows(key, key_arg, p.num_tokens, {p.view.num_heads, -1});
+  check_same_device(key, key_arg, view, view_arg);
   p.num_heads = key.size(1);
   p.head_dim = key.size(2);
   const int64_t want = p.head_dim * (p.fp8 ? 1 : dtype_size(p.dtype));
-  TORCH_CHECK_VALUE(p.view.row_bytes == want, "view rows must be D x ", p.fp8 ? 1 : key.element_size(),
-                    " = ", want, " bytes for key of shape ", shape_str(key), ", got C = ",
-                    p.view.row_bytes);
+  TORCH_CHECK_VALUE(p.view.row_bytes == want, view_arg, " rows must be D x ",
+                    p.fp8 ? 1 : key.element_size(), " = ", want, " bytes for ", key_arg,
+                    " of shape ", shape_str(key), ", got C = ", p.view.row_bytes);
   if (p.fp8)
-    p.scale = tensor_scale(scale, view, "view");
+    p.scale = tensor_scale(scale, view, view_arg, p.num_heads, scale_arg);
   else
-    check_no_scale(scale, kv_cache_dtype);
+    TORCH_CHECK_VALUE(!scale.has_value(), scale_arg, " is only used with kv_cache_dtype \"fp8\"");
   p.key = ptr<void>(key);
   p.key_token_stride = key.stride(0);
   p.key_head_stride = key.stride(1);
@@ -314,6 +324,30 @@ MlaGatherParams mla_gather_args(const at::Tensor& view, const GatherSource& src,
   p.src = token_source(src, view, p.num_tokens);
   p.out = ptr<uint8_t>(out);
   p.out_stride = out.stride(0) * out.element_size();
+  return p;
+}
+
+KvGatherParams kv_gather_args(const at::Tensor& view, const GatherSource& src,
+                              const at::Tensor& out, const OptTensor& scale) {
+  KvGatherParams p{};
+  p.view = paged_view(view, "view");
+  p.dtype = input_dtype(out, "out", true);
+  TORCH_CHECK_VALUE(out.dim() == 3 && out.size(1) == p.view.num_heads,
+                    "out must be [T, H = ", p.view.num_heads, ", D], got shape ", shape_str(out));
+  TORCH_CHECK_VALUE(out.numel() == 0 || out.stride(2) == 1, "out must be contiguous in its last dimension");
+  check_same_device(out, "out", view, "view");
+  p.head_dim = out.size(2);
+  p.fp8 = scale.has_value();
+  const int64_t want = p.head_dim * (p.fp8 ? 1 : out.element_size());
+  TORCH_CHECK_VALUE(p.view.row_bytes == want, "view rows must be D x ", p.fp8 ? 1 : out.element_size(),
+                    " = ", want, " bytes for out of shape ", shape_str(out), p.fp8 ? " (fp8 codes)" : "",
+                    ", got C = ", p.view.row_bytes);
+  if (p.fp8) p.scale = tensor_scale(scale, view, "view", p.view.num_heads);
+  p.num_tokens = out.size(0);
+  p.src = token_source(src, view, p.num_tokens);
+  p.out = ptr<uint8_t>(out);
+  p.out_token_stride = out.stride(0) * out.element_size();
+  p.out_head_stride = out.stride(1) * out.element_size();
   return p;
 }
 

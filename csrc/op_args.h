@@ -17,7 +17,8 @@ PagedView paged_view(const at::Tensor& view, const char* arg);
 
 PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
                                   const at::Tensor& slot_mapping, std::string_view kv_cache_dtype,
-                                  const OptTensor& scale);
+                                  const OptTensor& scale, const char* key_arg = "key",
+                                  const char* view_arg = "view", const char* scale_arg = "scale");
 MlaWriteParams mla_write_args(const at::Tensor& kv_c, const at::Tensor& k_pe,
                               const at::Tensor& view, const at::Tensor& slot_mapping,
                               std::string_view kv_cache_dtype, const OptTensor& scale,
@@ -34,6 +35,8 @@ struct GatherSource {
 MlaGatherParams mla_gather_args(const at::Tensor& view, const GatherSource& src,
                                 std::string_view kv_cache_dtype, const at::Tensor& out,
                                 const OptTensor& scale);
+KvGatherParams kv_gather_args(const at::Tensor& view, const GatherSource& src,
+                              const at::Tensor& out, const OptTensor& scale);
 IndexerGatherParams indexer_gather_args(const at::Tensor& view, const GatherSource& src,
                                         std::string_view placement, const at::Tensor& codes,
                                         const at::Tensor& scales);

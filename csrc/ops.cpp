@@ -60,6 +60,23 @@ void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot
             [](const PlainWriteParams& p, void* s) { KVC_CUDA(cuda::plain_write(p, s)); });
 }
 
+// K and V rows of one layer by one launch (vLLM's reshape_and_cache_flash).
+void reshape_and_cache_kv(const Tensor& key, const Tensor& value, const Tensor& k_view,
+                          const Tensor& v_view, const Tensor& slot_mapping, S kv_cache_dtype,
+                          const std::optional<Tensor>& k_scale, const std::optional<Tensor>& v_scale) {
+  NvtxRange range("kvc::reshape_and_cache_kv");
+  const PlainWriteParams k = plain_write_args(key, k_view, slot_mapping, sv(kv_cache_dtype), k_scale,
+                                              "key", "k_view", "k_scale");
+  const PlainWriteParams v = plain_write_args(value, v_view, slot_mapping, sv(kv_cache_dtype),
+                                              v_scale, "value", "v_view", "v_scale");
+  TORCH_CHECK_VALUE(k.view.num_slots() == v.view.num_slots() && k_view.device() == v_view.device(),
+                    "k_view and v_view must share one block table (same num_blocks x block_size) "
+                    "and device, got ", k.view.num_slots(), " and ", v.view.num_slots(), " slots");
+  run_write(k_view, slot_mapping, k,
+            [&](const PlainWriteParams& p) { cpu::plain_write(p); cpu::plain_write(v); },
+            [&](const PlainWriteParams& p, void* s) { KVC_CUDA(cuda::kv_write(p, v, s)); });
+}
+
 void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& view,
                           const Tensor& slot_mapping, S kv_cache_dtype,
                           const std::optional<Tensor>& scale) {
@@ -142,6 +159,15 @@ void gather_mla_slots(const Tensor& view, const Tensor& slots, S kv_cache_dtype,
                  validate, scale);
 }
 
+void gather_kv(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
+               const std::optional<Tensor>& seq_starts, const Tensor& out, bool validate,
+               const std::optional<Tensor>& scale) {
+  NvtxRange range("kvc::gather_kv");
+  const GatherSource src{block_table, cu_seq_lens, seq_starts, std::nullopt};
+  run_gather(view, src, kv_gather_args(view, src, out, scale), validate, cpu::kv_gather,
+             [](const KvGatherParams& p, void* s) { KVC_CUDA(cuda::kv_gather(p, s)); });
+}
+
 void run_indexer_gather(const Tensor& view, const GatherSource& src, S placement,
                         const Tensor& codes, const Tensor& scales, bool validate) {
   run_gather(view, src, indexer_gather_args(view, src, sv(placement), codes, scales), validate,
@@ -194,6 +220,8 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
 
 #define KVC_REGISTER_ALL(m)                                  \
   m.impl("reshape_and_cache", &reshape_and_cache);           \
+  m.impl("reshape_and_cache_kv", &reshape_and_cache_kv);     \
+  m.impl("gather_kv", &gather_kv);                           \
   m.impl("concat_and_cache_mla", &concat_and_cache_mla);     \
   m.impl("indexer_k_quant_and_cache", &indexer_k_quant_and_cache); \
   m.impl("dsa_write", &dsa_write);                           \

@@ -7,6 +7,9 @@ TORCH_LIBRARY(kvcache_ext, m) {
   // Writes: the cache view is mutated in place; T = slot_mapping.numel(), slot < 0 is padding.
   m.def("reshape_and_cache(Tensor key, Tensor(a!) view, Tensor slot_mapping, "
         "str kv_cache_dtype=\"auto\", Tensor? scale=None) -> ()");
+  m.def("reshape_and_cache_kv(Tensor key, Tensor value, Tensor(a!) k_view, Tensor(b!) v_view, "
+        "Tensor slot_mapping, str kv_cache_dtype=\"auto\", Tensor? k_scale=None, "
+        "Tensor? v_scale=None) -> ()");
   m.def("concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor(a!) view, Tensor slot_mapping, "
         "str kv_cache_dtype=\"fp8_ds_mla\", Tensor? scale=None) -> ()");
   m.def("indexer_k_quant_and_cache(Tensor k, Tensor(a!) view, Tensor slot_mapping, "
@@ -19,6 +22,8 @@ TORCH_LIBRARY(kvcache_ext, m) {
         "str kv_cache_dtype, Tensor(a!) out, bool validate=True, Tensor? scale=None) -> ()");
   m.def("gather_mla_slots(Tensor view, Tensor slots, str kv_cache_dtype, Tensor(a!) out, "
         "bool validate=True, Tensor? scale=None) -> ()");
+  m.def("gather_kv(Tensor view, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts, "
+        "Tensor(a!) out, bool validate=True, Tensor? scale=None) -> ()");
   m.def("gather_indexer(Tensor view, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts, "
         "str placement, Tensor(a!) codes, Tensor(b!) scales, bool validate=True) -> ()");
   m.def("gather_indexer_slots(Tensor view, Tensor slots, str placement, Tensor(a!) codes, "

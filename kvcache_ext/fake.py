@@ -12,11 +12,13 @@ import torch
 # tensor (its value is then passed to the kernel), so it is not listed.
 _DEVICE_ARGS = {
     "reshape_and_cache": ("view", ("key", "slot_mapping")),
+    "reshape_and_cache_kv": ("k_view", ("key", "value", "v_view", "slot_mapping")),
     "concat_and_cache_mla": ("view", ("kv_c", "k_pe", "slot_mapping")),
     "indexer_k_quant_and_cache": ("view", ("k", "slot_mapping")),
     "dsa_write": ("mla_view", ("kv_c", "k_pe", "k_idx", "indexer_view", "slot_mapping")),
     "gather_mla": ("view", ("block_table", "cu_seq_lens", "seq_starts", "out")),
     "gather_mla_slots": ("view", ("slots", "out")),
+    "gather_kv": ("view", ("block_table", "cu_seq_lens", "seq_starts", "out")),
     "gather_indexer": ("view", ("block_table", "cu_seq_lens", "seq_starts", "codes", "scales")),
     "gather_indexer_slots": ("view", ("slots", "codes", "scales")),
 }

@@ -48,6 +48,17 @@ def reshape_and_cache(key: torch.Tensor, view: torch.Tensor, slot_mapping: torch
     _ops.reshape_and_cache(key, view, slot_mapping, kv_cache_dtype, _scale(scale))
 
 
+def reshape_and_cache_kv(key: torch.Tensor, value: torch.Tensor, k_view: torch.Tensor,
+                         v_view: torch.Tensor, slot_mapping: torch.Tensor,
+                         kv_cache_dtype: str = "auto", k_scale: Scale = None,
+                         v_scale: Scale = None) -> None:
+    """One layer's K and V rows by one launch (vLLM's reshape_and_cache_flash): key, value
+    [T, H, D] into k_view, v_view [B, H, N, C]; "auto" copies, "fp8" encodes x / scale with a
+    per-tensor scale (one value) or a per-head one ([H], on the view's device)."""
+    _ops.reshape_and_cache_kv(key, value, k_view, v_view, slot_mapping, kv_cache_dtype,
+                              _scale(k_scale), _scale(v_scale))
+
+
 def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, view: torch.Tensor,
                          slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
                          scale: Scale = None) -> None:
@@ -145,6 +156,30 @@ def gather_mla_slots(view: torch.Tensor, slots: torch.Tensor, kv_cache_dtype: st
         out = _mla_out(view, tuple(slots.shape), kv_cache_dtype, raw, dtype)
     _ops.gather_mla_slots(view, slots.reshape(-1), kv_cache_dtype, out.view(-1, out.shape[-1]),
                           _validate_default(validate, view), _scale(scale))
+    return out
+
+
+def gather_kv(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor, *,
+              seq_starts: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+              scale: Scale = None, out: torch.Tensor | None = None,
+              num_tokens: int | None = None, validate: bool | None = None) -> torch.Tensor:
+    """Requests' K (or V) rows through the block table -> [total_tokens, H, D] of `dtype`
+    (default: out's dtype, else bfloat16), vLLM's cp_gather_cache. Without `scale` the rows are
+    copied (C = D x itemsize); with it they are e4m3 codes (C = D) decoded as code x scale (per
+    tensor, or per head [H]). Into `out=`, rows past cu_seq_lens[-1] are left as they are."""
+    scale = _scale(scale)
+    if out is None:
+        rows = _num_tokens(view, block_table, cu_seq_lens, num_tokens)
+        dtype = dtype or torch.bfloat16
+        c = view.shape[-1]
+        itemsize = 1 if scale is not None else torch.empty(0, dtype=dtype).element_size()
+        if c % itemsize:
+            raise ValueError(f"view rows of {c} bytes do not hold whole {dtype} values")
+        out = torch.empty(rows, view.shape[1], c // itemsize, dtype=dtype, device=view.device)
+    elif dtype is not None and out.dtype != dtype:
+        raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
+    _ops.gather_kv(view, block_table, cu_seq_lens, seq_starts, out,
+                   _validate_default(validate, view), scale)
     return out
 
 

@@ -219,6 +219,53 @@ def reshape_and_cache(key: torch.Tensor, view: torch.Tensor, slot_mapping: torch
     write_rows(view, slot_mapping, rows)
 
 
+def _head_scales(scale, heads: int, device: torch.device) -> torch.Tensor:
+    """A per-tensor or per-head scale as [H, 1] for broadcasting over [T, H, D]."""
+    if scale is None:
+        raise ValueError('scale is required when kv_cache_dtype is "fp8"')
+    s = torch.as_tensor(scale, dtype=torch.float32).reshape(-1).to(device)
+    return s.expand(heads).reshape(heads, 1)
+
+
+def to_fp16(x: torch.Tensor) -> torch.Tensor:
+    """Round to fp16 with one NaN pattern (0x7E00) on every device."""
+    out = x.to(torch.float16)
+    nan = torch.full_like(out.view(torch.int16), 0x7E00)
+    return torch.where(x.isnan(), nan, out.view(torch.int16)).view(torch.float16)
+
+
+def reshape_and_cache_kv(key: torch.Tensor, value: torch.Tensor, k_view: torch.Tensor,
+                         v_view: torch.Tensor, slot_mapping: torch.Tensor,
+                         kv_cache_dtype: str = "auto", k_scale=None, v_scale=None) -> None:
+    t = slot_mapping.numel()
+    for x, view, scale in ((key[:t], k_view, k_scale), (value[:t], v_view, v_scale)):
+        if kv_cache_dtype == "fp8":
+            rows = e4m3_encode(x.float() / _head_scales(scale, x.shape[1], x.device))
+        else:
+            rows = x.contiguous().view(torch.uint8)
+        write_rows(view, slot_mapping, rows)
+
+
+def gather_kv(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
+              dtype: torch.dtype = torch.bfloat16, scale=None,
+              seq_starts: torch.Tensor | None = None) -> torch.Tensor:
+    """[total_tokens, H, D]: rows copied, or decoded from e4m3 codes with `scale`."""
+    slots = gather_slots(block_table, cu_seq_lens, view.shape[2], seq_starts).to(view.device)
+    keep = _valid(view, slots)
+    blocks, pos = _split(view, torch.where(keep, slots, torch.zeros_like(slots)))
+    rows = view[blocks, :, pos].clone()  # [T, H, C]
+    rows[~keep] = 0
+    if scale is None:
+        return rows.view(dtype)
+    vals = e4m3_decode(rows) * _head_scales(scale, view.shape[1], view.device)
+    vals[~keep] = 0
+    if dtype == torch.bfloat16:
+        return to_bf16(vals)
+    if dtype == torch.float16:
+        return to_fp16(vals)
+    return canonical_nan(vals).to(dtype)
+
+
 def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, view: torch.Tensor,
                          slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
                          scale=None) -> None:

@@ -40,7 +40,8 @@ def plan_for(layout: str, block_size: int) -> kvc.CachePlan:
     specs = [kvc.CacheSpec("mla", 656, 2), kvc.CacheSpec("indexer", 132, 2),
              kvc.CacheSpec("mla_auto", 1152, 1), kvc.CacheSpec("kv", 2 * 64, 1, 2),
              kvc.CacheSpec("kv_odd", 2 * 5, 1, 3), kvc.CacheSpec("kv8", 5, 1, 3),
-             kvc.CacheSpec("mla8", 576, 1)]
+             kvc.CacheSpec("mla8", 576, 1), kvc.CacheSpec("vv", 2 * 64, 1, 2),
+             kvc.CacheSpec("vv8", 5, 1, 3)]
     return kvc.plan_cache(specs, num_blocks=max(4, 160 // block_size), block_size=block_size,
                           layout=layout)
 
@@ -95,6 +96,10 @@ def test_writes_give_the_cpu_bytes(simt, layout, block_size, dtype):
         ops.reshape_and_cache(key, gc.view("kv", 0), s, "auto", None)
         ops.reshape_and_cache(key_odd, gc.view("kv_odd", 0), s, "auto", None)
         ops.reshape_and_cache(key8, gc.view("kv8", 0), s, "fp8", scale)
+        ops.reshape_and_cache_kv(key, key * 3, gc.view("kv", 0), gc.view("vv", 0), s, "auto",
+                                 None, None)
+        ops.reshape_and_cache_kv(key8, -key8, gc.view("kv8", 0), gc.view("vv8", 0), s, "fp8",
+                                 torch.tensor([0.5, 0.25, 4.0]), scale)
     written = cpu_gc.whole != guarded(plan, seed=3).whole
     assert written.sum() > t * 656  # the oracle wrote rows: an emulator doing nothing would fail
     if not torch.equal(cuda_gc.whole, cpu_gc.whole):
@@ -140,6 +145,22 @@ def test_gathers_give_the_cpu_bytes(simt, layout, block_size):
     total = int(cu[-1]) + 5  # rows past the last request keep the caller's poison
     slots = torch.randint(-1, n + 3, (40,), generator=g)
     slots[7] = BAD
+    g2 = torch.Generator().manual_seed(6)
+    kvc.ops.reshape_and_cache(torch.randn(n, 2, 64, generator=g2).to(torch.bfloat16),
+                              gc.view("kv", 0), every)
+    kvc.ops.reshape_and_cache(torch.randn(n, 3, 5, generator=g2) * 9, gc.view("vv8", 0), every,
+                              "fp8", torch.tensor([1.0, 0.5, 2.0]))
+    for kv_name, heads, d, kv_scale, kv_dtype in (
+            ("kv", 2, 64, None, torch.bfloat16),
+            ("vv8", 3, 5, torch.tensor([0.5, 0.25, 4.0]), torch.float16),
+            ("vv8", 3, 5, torch.tensor([0.75]), torch.float32)):
+        got = poisoned(total, heads, d, dtype=kv_dtype, pad=3)
+        want = got.clone()
+        simt.gather_kv(gc.view(kv_name, 0), table, cu, starts, got, kv_scale)
+        kvc.ops.gather_kv(gc.view(kv_name, 0), table, cu, seq_starts=starts, scale=kv_scale,
+                          out=want, validate=False)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (kv_name, kv_dtype)
+        assert got[: int(cu[-1])].view(torch.uint8).any()
     slots[9] = 0  # the row with NaN codes
     sc = torch.tensor([0.03125])
     mla_modes = [("mla", "fp8_ds_mla", torch.bfloat16, 576, None),

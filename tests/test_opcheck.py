@@ -21,12 +21,17 @@ def cases(device: str):
     k = torch.randn(20, 128, dtype=torch.bfloat16, device=device)
     slots = torch.randperm(plan.num_slots, device=device)[:20]
     slots[3] = -1
-    kv_plan = kvc.plan_cache([kvc.CacheSpec("k", 64, 1, 2)], 4, 16, "LBHNC")
+    kv_plan = kvc.plan_cache([kvc.CacheSpec("k", 64, 1, 2), kvc.CacheSpec("v", 64, 1, 2)], 4, 16,
+                             "LBHNC")
+    kv8 = kvc.allocate(kvc.plan_cache([kvc.CacheSpec("k", 32, 1, 2), kvc.CacheSpec("v", 32, 1, 2)],
+                                      4, 16, "BLHNC"), device=device, fill=0)
+    mla8 = kvc.allocate(dsa_plan("BLNHC", 16, 8, mla_row=576), device=device, fill=0).view("mla", 0)
     kv_cache = kvc.allocate(kv_plan, device=device, fill=0)
     key = torch.randn(20, 2, 32, dtype=torch.float16, device=device)
     kv_slots = torch.randperm(kv_plan.num_slots, device=device)[:20]
     table = torch.tensor([[3, 1, 0], [2, 5, 7]], dtype=torch.int32, device=device)
     cu = torch.tensor([0, 40, 45], dtype=torch.int32, device=device)
+    cu_kv = torch.tensor([0, 16, 20], dtype=torch.int32, device=device)
     u8 = lambda n, c: torch.empty(n, c, dtype=torch.uint8, device=device)  # noqa: E731
     bf = torch.empty(45, 576, dtype=torch.bfloat16, device=device)
     other = kvc.allocate(plan, device=device, fill=1)
@@ -37,7 +42,20 @@ def cases(device: str):
         "reshape_and_cache_fp8": (OPS.reshape_and_cache, (
             key, kvc.allocate(kvc.plan_cache([kvc.CacheSpec("k", 32, 1, 2)], 4, 16), device=device,
                               fill=0).view("k", 0), kv_slots, "fp8", torch.ones(1, device=device))),
+        "reshape_and_cache_kv": (OPS.reshape_and_cache_kv, (
+            key, key, kv_cache.view("k", 0), kv_cache.view("v", 0), kv_slots, "auto", None, None)),
+        "reshape_and_cache_kv_fp8": (OPS.reshape_and_cache_kv, (
+            key, key, kv8.view("k", 0), kv8.view("v", 0), kv_slots, "fp8",
+            torch.tensor([0.5, 2.0], device=device), torch.ones(1, device=device))),
+        "gather_kv": (OPS.gather_kv, (kv_cache.view("k", 0), table[:, :1], cu_kv, None,
+                                      torch.empty(20, 2, 32, dtype=torch.float16, device=device),
+                                      True, None)),
+        "gather_kv_fp8": (OPS.gather_kv, (kv8.view("v", 0), table[:, :1], cu_kv, None,
+                                          torch.empty(20, 2, 32, dtype=torch.float32, device=device),
+                                          True, torch.tensor([0.5], device=device))),
         "concat_and_cache_mla": (OPS.concat_and_cache_mla, (x[:, :512], x[:, 512:], mla, slots, "fp8_ds_mla")),
+        "concat_and_cache_mla_fp8": (OPS.concat_and_cache_mla, (x[:, :512], x[:, 512:], mla8, slots, "fp8",
+                                                                torch.tensor([0.25], device=device))),
         "indexer_k_quant_and_cache": (OPS.indexer_k_quant_and_cache, (k, idx, slots, "ue8m0", "split")),
         "dsa_write": (OPS.dsa_write, (x[:, :512], x[:, 512:], mla, k, idx, slots, "fp8_ds_mla", None, "row")),
         "gather_mla": (OPS.gather_mla, (mla, table, cu, None, "fp8_ds_mla", bf, True)),

@@ -26,14 +26,15 @@ void mla_gather(const MlaGatherParams& p) {
         continue;
       }
       const bool bf16 = p.mode == MlaGatherMode::kDequantBf16;
+      const DType out_dtype = bf16 ? DType::kBFloat16 : DType::kFloat32;
       if (p.format == MlaFormat::kFp8Tensor) {  // 576 codes, one scale
-        decode_row(row, kMlaDim, p.scale.get(), bf16, out);
+        decode_row(row, kMlaDim, p.scale.get(), out_dtype, out);
         continue;
       }
       for (int64_t k = 0; k < kMlaLatentDim / kMlaTile; ++k) {
         float scale;
         std::memcpy(&scale, row + kMlaScalesOffset + 4 * k, 4);
-        decode_row(row + k * kMlaTile, kMlaTile, scale, bf16, out + k * kMlaTile * (bf16 ? 2 : 4));
+        decode_row(row + k * kMlaTile, kMlaTile, scale, out_dtype, out + k * kMlaTile * (bf16 ? 2 : 4));
       }
       const uint8_t* rope = row + kMlaRopeOffset;
       if (bf16) {
@@ -45,6 +46,25 @@ void mla_gather(const MlaGatherParams& p) {
           const float v = canonical_nan(bf16_to_float(h));
           std::memcpy(out + 4 * (kMlaLatentDim + i), &v, 4);
         }
+      }
+    }
+  });
+}
+
+void kv_gather(const KvGatherParams& p) {
+  const int64_t out_bytes = p.head_dim * dtype_size(p.dtype);
+  at::parallel_for(0, p.num_tokens, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t slot = p.src.slot_of(t, p.view);
+      if (slot == kNoRow) continue;
+      for (int64_t h = 0; h < p.view.num_heads; ++h) {
+        uint8_t* out = p.out + t * p.out_token_stride + h * p.out_head_stride;
+        if (slot < 0)
+          std::memset(out, 0, out_bytes);
+        else if (p.fp8)
+          decode_row(p.view.row(slot, h), p.head_dim, p.scale.get(h), p.dtype, out);
+        else
+          std::memcpy(out, p.view.row(slot, h), out_bytes);
       }
     }
   });

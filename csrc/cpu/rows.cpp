@@ -52,10 +52,14 @@ KVC_CPU_HOT void encode_row(const float* __restrict x, int64_t n, float scale,
   for (int64_t i = 0; i < n; ++i) out[i] = e4m3_encode_soft(x[i] / scale);
 }
 
-KVC_CPU_HOT void decode_row(const uint8_t* codes, int64_t n, float scale, bool bf16, uint8_t* out) {
-  if (bf16) {
+KVC_CPU_HOT void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype,
+                            uint8_t* out) {
+  if (out_dtype == DType::kBFloat16) {
     uint16_t* o = reinterpret_cast<uint16_t*>(out);
     for (int64_t i = 0; i < n; ++i) o[i] = float_to_bf16(e4m3_decode(codes[i]) * scale);
+  } else if (out_dtype == DType::kFloat16) {
+    uint16_t* o = reinterpret_cast<uint16_t*>(out);
+    for (int64_t i = 0; i < n; ++i) o[i] = float_to_fp16(e4m3_decode(codes[i]) * scale);
   } else {
     float* o = reinterpret_cast<float*>(out);
     for (int64_t i = 0; i < n; ++i) o[i] = canonical_nan(e4m3_decode(codes[i]) * scale);

@@ -15,7 +15,7 @@ float load_amax(const void* src, DType t, int64_t n, float* x);
 // out[i] = e4m3(x[i] / scale)
 void encode_row(const float* x, int64_t n, float scale, uint8_t* out);
 
-// out[i] = decoded codes[i] * scale, as bf16 (bf16 == true) or fp32; NaN canonical in both.
-void decode_row(const uint8_t* codes, int64_t n, float scale, bool bf16, uint8_t* out);
+// out[i] = decoded codes[i] * scale, stored as `out_dtype` (bf16, fp16 or fp32; NaN canonical).
+void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 
 }  // namespace kvc::cpu

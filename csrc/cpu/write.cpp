@@ -41,7 +41,6 @@ void plain_write(const PlainWriteParams& p) {
               p.key_token_stride * es, p.key_head_stride * es, p.head_dim * es);
     return;
   }
-  const float scale = p.scale.get();
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<float> x(p.head_dim);
     for (int64_t t = begin; t < end; ++t) {
@@ -49,7 +48,7 @@ void plain_write(const PlainWriteParams& p) {
       for (int64_t h = 0; h < p.num_heads; ++h) {
         load_amax(elem(p.key, t * p.key_token_stride + h * p.key_head_stride, p.dtype), p.dtype,
                   p.head_dim, x.data());
-        encode_row(x.data(), p.head_dim, scale, p.view.row(p.slots[t], h));
+        encode_row(x.data(), p.head_dim, p.scale.get(h), p.view.row(p.slots[t], h));
       }
     }
   });

@@ -122,6 +122,36 @@ __global__ void indexer_gather_kernel(IndexerGatherParams p) {
   if (lane == 0) p.scales[t] = bits_float(s[0]);
 }
 
+// One warp per (token, head): a copied row, or e4m3 codes decoded with the head's scale.
+__global__ void kv_gather_kernel(KvGatherParams p) {
+  const int64_t r = warp_row();
+  const int64_t heads = p.view.num_heads;
+  if (r >= p.num_tokens * heads) return;
+  const int64_t t = r / heads, h = r - t * heads;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t slot = p.src.slot_of(t, p.view);
+  if (slot == kNoRow) return;
+  uint8_t* out = p.out + t * p.out_token_stride + h * p.out_head_stride;
+  const int64_t bytes = p.head_dim * dtype_size(p.dtype);
+  if (slot < 0) {
+    warp_zero(out, bytes, lane);
+    return;
+  }
+  const uint8_t* row = p.view.row(slot, h);
+  if (!p.fp8) {
+    warp_copy(out, row, bytes, lane);
+    return;
+  }
+  const float scale = p.scale.get(h);
+  for (int64_t i = lane; i < p.head_dim; i += kWarp)
+    store_float(out, i, e4m3_decode(row[i]) * scale, p.dtype);
+}
+
+template <class Launch>
+void dispatch_kv_gather(const KvGatherParams& p, const Launch& launch) {
+  launch(kv_gather_kernel, grid_for(p.num_tokens * p.view.num_heads), p);
+}
+
 template <class Launch>
 void dispatch_mla_gather(const MlaGatherParams& p, const Launch& launch) {
   const unsigned grid = grid_for(p.num_tokens);

@@ -8,6 +8,10 @@ void plain_write(const PlainWriteParams& p, void* stream) {
   dispatch_plain_write(p, StreamLaunch{stream, "kvcache_ext reshape_and_cache"});
 }
 
+void kv_write(const PlainWriteParams& k, const PlainWriteParams& v, void* stream) {
+  dispatch_kv_write(k, v, StreamLaunch{stream, "kvcache_ext reshape_and_cache_kv"});
+}
+
 void mla_write(const MlaWriteParams& p, void* stream) {
   dispatch_mla_write(p, StreamLaunch{stream, "kvcache_ext concat_and_cache_mla"});
 }

@@ -184,13 +184,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) dsa_kernel(MlaWritePar
 }
 
 // ---- Plain rows: one warp per (token, head) row. ----
-__global__ void plain_kernel(PlainWriteParams p) {
-  const int64_t r = warp_row();
-  if (r >= p.num_tokens * p.num_heads) return;
-  const int64_t t = r / p.num_heads, h = r - t * p.num_heads;
-  const int64_t slot = p.slots[t];
-  if (!p.view.valid_slot(slot)) return;
-  const int lane = threadIdx.x % kWarp;
+__device__ __forceinline__ void plain_row(const PlainWriteParams& p, int64_t t, int64_t h,
+                                          int64_t slot, int lane) {
   const int64_t es = dtype_size(p.dtype);
   const uint8_t* src = elem(p.key, t * p.key_token_stride + h * p.key_head_stride, es);
   uint8_t* dst = p.view.row(slot, h);
@@ -198,9 +193,29 @@ __global__ void plain_kernel(PlainWriteParams p) {
     warp_copy(dst, src, p.head_dim * es, lane);
     return;
   }
-  const float scale = p.scale.get();
+  const float scale = p.scale.get(h);
   for (int64_t i = lane; i < p.head_dim; i += kWarp)
     dst[i] = e4m3_encode(load_as_float(src, i, p.dtype) / scale);
+}
+
+__global__ void plain_kernel(PlainWriteParams p) {
+  const int64_t r = warp_row();
+  if (r >= p.num_tokens * p.num_heads) return;
+  const int64_t t = r / p.num_heads, h = r - t * p.num_heads;
+  const int64_t slot = p.slots[t];
+  if (p.view.valid_slot(slot)) plain_row(p, t, h, slot, threadIdx.x % kWarp);
+}
+
+// K and V of one (token, head) by one warp: both rows of a layer in one launch.
+__global__ void kv_kernel(PlainWriteParams k, PlainWriteParams v) {
+  const int64_t r = warp_row();
+  if (r >= k.num_tokens * k.num_heads) return;
+  const int64_t t = r / k.num_heads, h = r - t * k.num_heads;
+  const int64_t slot = k.slots[t];
+  if (!k.view.valid_slot(slot)) return;
+  const int lane = threadIdx.x % kWarp;
+  plain_row(k, t, h, slot, lane);
+  plain_row(v, t, h, slot, lane);
 }
 
 // ---- Which kernel a call runs. `launch(kernel, grid, args...)` runs it with
@@ -208,6 +223,11 @@ __global__ void plain_kernel(PlainWriteParams p) {
 template <class Launch>
 void dispatch_plain_write(const PlainWriteParams& p, const Launch& launch) {
   launch(plain_kernel, grid_for(p.num_tokens * p.num_heads), p);
+}
+
+template <class Launch>
+void dispatch_kv_write(const PlainWriteParams& k, const PlainWriteParams& v, const Launch& launch) {
+  launch(kv_kernel, grid_for(k.num_tokens * k.num_heads), k, v);
 }
 
 template <class Launch>

@@ -28,6 +28,17 @@ void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot
   if (p.num_tokens) kvc::cuda::dispatch_plain_write(p, Launch{});
 }
 
+void reshape_and_cache_kv(const Tensor& key, const Tensor& value, const Tensor& k_view,
+                          const Tensor& v_view, const Tensor& slot_mapping,
+                          const std::string& kv_cache_dtype, const std::optional<Tensor>& k_scale,
+                          const std::optional<Tensor>& v_scale) {
+  const auto k = kvc::plain_write_args(key, k_view, slot_mapping, kv_cache_dtype, k_scale, "key",
+                                       "k_view", "k_scale");
+  const auto v = kvc::plain_write_args(value, v_view, slot_mapping, kv_cache_dtype, v_scale,
+                                       "value", "v_view", "v_scale");
+  if (k.num_tokens) kvc::cuda::dispatch_kv_write(k, v, Launch{});
+}
+
 void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& view,
                           const Tensor& slot_mapping, const std::string& kv_cache_dtype,
                           const std::optional<Tensor>& scale) {
@@ -67,6 +78,14 @@ void gather_mla(const Tensor& view, const std::optional<Tensor>& block_table,
   if (p.num_tokens) kvc::cuda::dispatch_mla_gather(p, Launch{});
 }
 
+void gather_kv(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
+               const std::optional<Tensor>& seq_starts, const Tensor& out,
+               const std::optional<Tensor>& scale) {
+  const auto p = kvc::kv_gather_args(view, source(block_table, cu_seq_lens, seq_starts, std::nullopt),
+                                     out, scale);
+  if (p.num_tokens) kvc::cuda::dispatch_kv_gather(p, Launch{});
+}
+
 void gather_indexer(const Tensor& view, const std::optional<Tensor>& block_table,
                     const std::optional<Tensor>& cu_seq_lens, const std::optional<Tensor>& seq_starts,
                     const std::optional<Tensor>& slots, const std::string& placement,
@@ -85,4 +104,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dsa_write", &dsa_write);
   m.def("gather_mla", &gather_mla);
   m.def("gather_indexer", &gather_indexer);
+  m.def("reshape_and_cache_kv", &reshape_and_cache_kv);
+  m.def("gather_kv", &gather_kv);
 }
