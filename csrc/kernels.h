@@ -146,7 +146,19 @@ void indexer_gather(const IndexerGatherParams& p, void* stream);
 
 }  // namespace kvc
 
-namespace kvc::cuda {
-// Byte spans (src offset, dst offset, length) [n, 3] on the host: one cudaMemcpyAsync each.
-void copy_spans(const uint8_t* src, uint8_t* dst, const int64_t* spans, int64_t n, void* stream);
-}  // namespace kvc::cuda
+namespace kvc {
+// copy_spans: chunks (src offset, dst offset, length) [num_chunks, 3] of at most
+// kCopyChunkBytes (CUDA) each, in memory the copying device reads.
+struct CopyParams {
+  const uint8_t* src;
+  uint8_t* dst;
+  const int64_t* chunks;
+  int64_t num_chunks;
+};
+constexpr int64_t kCopyChunkBytes = 64 * 1024;     // one CUDA thread block each
+constexpr int64_t kCpuCopyChunkBytes = 256 * 1024;  // parallel CPU work items
+
+namespace cuda {
+void copy_chunks(const CopyParams& p, void* stream);
+}  // namespace cuda
+}  // namespace kvc

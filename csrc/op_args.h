@@ -58,3 +58,8 @@ void check_spans(const uint8_t* src, int64_t src_bytes, const uint8_t* dst, int6
                  const int64_t* spans, int64_t n, bool same_space);
 
 }  // namespace kvc
+
+namespace kvc {
+// Spans [n, 3] cut into chunks of at most `chunk` bytes: a CPU int64 tensor [num_chunks, 3].
+at::Tensor chunk_spans(const int64_t* spans, int64_t n, int64_t chunk);
+}  // namespace kvc

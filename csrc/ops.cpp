@@ -1,11 +1,15 @@
 // Op implementations: validate, build kernel parameters, run on the tensors' device.
 // One function per op serves CPU and CUDA; CPU calls are fully checked before the first write.
 // The fake (meta) implementations, which must handle symbolic shapes, live in kvcache_ext/fake.py.
+#include <ATen/Parallel.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "nvtx.h"
@@ -190,6 +194,15 @@ void gather_indexer_slots(const Tensor& view, const Tensor& slots, S placement,
                      scales, validate);
 }
 
+// Keeps a pinned host buffer from being reused by torch's host allocator until the work queued
+// on `stream` so far has finished (the caller may drop its tensor before the copy runs).
+void record_pinned_use(const Tensor& host, const Tensor& gpu) {
+  c10::impl::VirtualGuardImpl impl(gpu.device().type());
+  const auto& data = host.storage().data_ptr();
+  at::getHostAllocator(gpu.device().type())
+      ->record_event(data.get(), data.get_context(), impl.getStream(gpu.device()));
+}
+
 void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
   NvtxRange range("kvc::copy_spans");
   TORCH_CHECK_TYPE(src.scalar_type() == at::kByte && dst.scalar_type() == at::kByte,
@@ -208,12 +221,26 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
   uint8_t* to = dst.data_ptr<uint8_t>();
   check_spans(from, src.numel(), to, dst.numel(), s, n, src.device() == dst.device());
   if (src.is_cpu() && dst.is_cpu()) {
-    for (int64_t i = 0; i < n; ++i) std::memcpy(to + s[3 * i + 1], from + s[3 * i], s[3 * i + 2]);
+    const Tensor chunks = chunk_spans(s, n, kCpuCopyChunkBytes);
+    const int64_t* c = chunks.data_ptr<int64_t>();
+    at::parallel_for(0, chunks.size(0), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) std::memcpy(to + c[3 * i + 1], from + c[3 * i], c[3 * i + 2]);
+    });
     return;
   }
   const Tensor& gpu = dst.is_cpu() ? src : dst;
+  TORCH_CHECK_VALUE(src.is_cpu() || dst.is_cpu() || src.device() == dst.device(),
+                    "src and dst on two GPUs are not supported, got ", src.device(), " and ", dst.device());
+  for (const Tensor* host : {&src, &dst})
+    TORCH_CHECK_VALUE(!host->is_cpu() || host->is_pinned(), host == &src ? "src" : "dst",
+                      " is in pageable CPU memory: a GPU copy needs pinned memory "
+                      "(kvc.allocate(..., pin_memory=True))");
   c10::DeviceGuard guard(gpu.device());
-  KVC_CUDA(cuda::copy_spans(from, to, s, n, stream_of(gpu)));
+  // The chunk table travels to the GPU on the copy's stream, from pinned memory.
+  const Tensor chunks = chunk_spans(s, n, kCopyChunkBytes).pin_memory().to(gpu.device(), true);
+  KVC_CUDA(cuda::copy_chunks({from, to, chunks.data_ptr<int64_t>(), chunks.size(0)}, stream_of(gpu)));
+  for (const Tensor* host : {&src, &dst})
+    if (host->is_cpu()) record_pinned_use(*host, gpu);
 }
 
 }  // namespace

@@ -209,3 +209,21 @@ def test_gathers_give_the_cpu_bytes(simt, layout, block_size):
             if slots_ is None:
                 assert torch.equal(got[0][int(cu[-1]):], kept[0])
                 assert bool((got[1][int(cu[-1]):] == -7.0).all())
+
+
+@pytest.mark.parametrize("chunk", [48, 4096])
+def test_span_copy_kernel_gives_the_cpu_bytes(simt, chunk):
+    """copy_spans' one-launch kernel: spans of every alignment, cut into chunks (a small chunk
+    size here, so spans span several thread blocks), against the CPU op."""
+    g = torch.Generator().manual_seed(11)
+    src = torch.randint(0, 256, (1 << 14,), dtype=torch.uint8, generator=g)
+    spans = torch.tensor([[0, 0, 4096], [4096 + 3, 5000, 700], [8192, 9000, 132], [12288, 12288, 16],
+                          [16000, 15000, 1], [10000, 7000, 0], [13000, 13333, 999]])
+    got = torch.randint(0, 256, (1 << 14,), dtype=torch.uint8, generator=g)
+    want = got.clone()
+    simt.copy_spans(src, got, spans, chunk)
+    torch.ops.kvcache_ext.copy_spans(src, want, spans)
+    assert torch.equal(got, want)
+    assert torch.equal(got[5000:5700], src[4099:4799])
+    with pytest.raises(ValueError, match="write overlapping"):
+        simt.copy_spans(src, got, torch.tensor([[0, 0, 8], [8, 4, 8]]), chunk)

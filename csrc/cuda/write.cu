@@ -1,4 +1,4 @@
-// Entry points of the CUDA writes (kernels in write_kernels.cuh) and the block-copy spans.
+// Entry points of the CUDA writes (kernels in write_kernels.cuh).
 #include "launch.cuh"
 #include "write_kernels.cuh"
 
@@ -22,16 +22,6 @@ void indexer_write(const IndexerWriteParams& p, void* stream) {
 
 void dsa_write(const MlaWriteParams& mla, const IndexerWriteParams& idx, void* stream) {
   dispatch_dsa_write(mla, idx, StreamLaunch{stream, "kvcache_ext dsa_write"});
-}
-
-void copy_spans(const uint8_t* src, uint8_t* dst, const int64_t* spans, int64_t n, void* stream) {
-  for (int64_t i = 0; i < n; ++i) {
-    const cudaError_t err = cudaMemcpyAsync(dst + spans[3 * i + 1], src + spans[3 * i],
-                                            spans[3 * i + 2], cudaMemcpyDefault,
-                                            static_cast<cudaStream_t>(stream));
-    if (err != cudaSuccess)
-      throw std::runtime_error(std::string("kvcache_ext copy_spans: ") + cudaGetErrorString(err));
-  }
 }
 
 }  // namespace kvc::cuda

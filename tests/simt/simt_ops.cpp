@@ -10,6 +10,7 @@
 #include "op_args.h"
 #include "simt_host.h"
 // after simt_host.h:
+#include "cuda/copy_kernels.cuh"
 #include "cuda/gather_kernels.cuh"
 #include "cuda/write_kernels.cuh"
 
@@ -95,6 +96,18 @@ void gather_indexer(const Tensor& view, const std::optional<Tensor>& block_table
   if (p.num_tokens) kvc::cuda::dispatch_indexer_gather(p, Launch{});
 }
 
+// The one-launch span copy: spans checked and chunked as the op does, then the kernel.
+void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans, int64_t chunk) {
+  const int64_t n = spans.size(0);
+  const int64_t* s = spans.data_ptr<int64_t>();
+  kvc::check_spans(src.data_ptr<uint8_t>(), src.numel(), dst.data_ptr<uint8_t>(), dst.numel(), s, n,
+                   true);
+  const Tensor chunks = kvc::chunk_spans(s, n, chunk);
+  kvc::cuda::dispatch_copy_chunks({src.data_ptr<uint8_t>(), dst.data_ptr<uint8_t>(),
+                                   chunks.data_ptr<int64_t>(), chunks.size(0)},
+                                  Launch{});
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -106,4 +119,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gather_indexer", &gather_indexer);
   m.def("reshape_and_cache_kv", &reshape_and_cache_kv);
   m.def("gather_kv", &gather_kv);
+  m.def("copy_spans", &copy_spans);
 }

@@ -1,0 +1,11 @@
+// Entry point of the one-launch span copy (kernel in copy_kernels.cuh).
+#include "copy_kernels.cuh"
+#include "launch.cuh"
+
+namespace kvc::cuda {
+
+void copy_chunks(const CopyParams& p, void* stream) {
+  if (p.num_chunks > 0) dispatch_copy_chunks(p, StreamLaunch{stream, "kvcache_ext copy_spans"});
+}
+
+}  // namespace kvc::cuda
