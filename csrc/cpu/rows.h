@@ -1,6 +1,8 @@
-// Hot per-row loops of the CPU kernels. Branch-free over fixed-size rows so GCC vectorizes them
-// (built with -fno-trapping-math, which lets it if-convert; results are unchanged), and cloned
-// for AVX2 with a run-time pick where the compiler supports it.
+// Hot per-row loops of the CPU kernels: amax, fp8 quantization and fp8 decoding of a row of
+// n values. Two implementations give the same bytes: portable scalar code (branch-free, which
+// GCC auto-vectorizes) and AVX2 intrinsics (rows_avx2.cpp, compiled for AVX2 function by
+// function, so the library still loads on any x86-64). The public functions pick AVX2 at run
+// time when the CPU has it; tests/rows_exhaustive.cpp compares the two on every float.
 #pragma once
 #include <cstdint>
 
@@ -8,14 +10,26 @@
 
 namespace kvc::cpu {
 
-// Loads n values as floats and returns their amax (NaN ignored). Integer max over |x| bits:
-// for non-negative floats the bit order is the value order.
-float load_amax(const void* src, DType t, int64_t n, float* x);
+// max |x| over n values of dtype t, NaN ignored (counted as 0).
+float row_amax(const void* src, DType t, int64_t n);
 
-// out[i] = e4m3(x[i] / scale)
-void encode_row(const float* x, int64_t n, float scale, uint8_t* out);
+// out[i] = e4m3(x[i] / scale): IEEE division, round to nearest even, saturating, NaN -> 0x7F.
+void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
 
 // out[i] = decoded codes[i] * scale, stored as `out_dtype` (bf16, fp16 or fp32; NaN canonical).
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
+
+namespace scalar {
+float row_amax(const void* src, DType t, int64_t n);
+void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
+void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
+}  // namespace scalar
+
+namespace avx2 {
+bool supported();  // AVX2 and F16C, asked of the CPU once
+float row_amax(const void* src, DType t, int64_t n);
+void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
+void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
+}  // namespace avx2
 
 }  // namespace kvc::cpu

@@ -42,13 +42,11 @@ void plain_write(const PlainWriteParams& p) {
     return;
   }
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> x(p.head_dim);
     for (int64_t t = begin; t < end; ++t) {
       if (!p.view.valid_slot(p.slots[t])) continue;
       for (int64_t h = 0; h < p.num_heads; ++h) {
-        load_amax(elem(p.key, t * p.key_token_stride + h * p.key_head_stride, p.dtype), p.dtype,
-                  p.head_dim, x.data());
-        encode_row(x.data(), p.head_dim, p.scale.get(h), p.view.row(p.slots[t], h));
+        quantize_row(elem(p.key, t * p.key_token_stride + h * p.key_head_stride, p.dtype), p.dtype,
+                     p.head_dim, p.scale.get(h), p.view.row(p.slots[t], h));
       }
     }
   });
@@ -58,14 +56,12 @@ void plain_write(const PlainWriteParams& p) {
 static void mla_fp8_tensor_write(const MlaWriteParams& p) {
   const float scale = p.scale.get();
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
-    float x[kMlaLatentDim];
     for (int64_t t = begin; t < end; ++t) {
       if (!p.view.valid_slot(p.slots[t])) continue;
       uint8_t* row = p.view.row(p.slots[t]);
-      load_amax(elem(p.kv_c, t * p.kv_c_stride, p.dtype), p.dtype, kMlaLatentDim, x);
-      encode_row(x, kMlaLatentDim, scale, row);
-      load_amax(elem(p.k_pe, t * p.k_pe_stride, p.dtype), p.dtype, kMlaRopeDim, x);
-      encode_row(x, kMlaRopeDim, scale, row + kMlaLatentDim);
+      quantize_row(elem(p.kv_c, t * p.kv_c_stride, p.dtype), p.dtype, kMlaLatentDim, scale, row);
+      quantize_row(elem(p.k_pe, t * p.k_pe_stride, p.dtype), p.dtype, kMlaRopeDim, scale,
+                   row + kMlaLatentDim);
     }
   });
 }
@@ -87,7 +83,6 @@ void mla_write(const MlaWriteParams& p) {
     return;
   }
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
-    float x[kMlaTile];
     uint16_t rope[kMlaRopeDim];
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = p.slots[t];
@@ -95,9 +90,9 @@ void mla_write(const MlaWriteParams& p) {
       uint8_t* row = p.view.row(slot);
       const uint8_t* kv_c = elem(p.kv_c, t * p.kv_c_stride, p.dtype);
       for (int64_t k = 0; k < kMlaLatentDim / kMlaTile; ++k) {
-        const float amax = load_amax(kv_c + k * kMlaTile * es, p.dtype, kMlaTile, x);
-        const float scale = mla_tile_scale(amax);
-        encode_row(x, kMlaTile, scale, row + k * kMlaTile);
+        const uint8_t* tile = kv_c + k * kMlaTile * es;
+        const float scale = mla_tile_scale(row_amax(tile, p.dtype, kMlaTile));
+        quantize_row(tile, p.dtype, kMlaTile, scale, row + k * kMlaTile);
         std::memcpy(row + kMlaScalesOffset + 4 * k, &scale, 4);
       }
       // Rope values stored as bf16: bf16 input bit for bit, fp16 rounded to nearest even.
@@ -114,14 +109,13 @@ void mla_write(const MlaWriteParams& p) {
 
 void indexer_write(const IndexerWriteParams& p) {
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
-    float x[kIndexerDim];
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = p.slots[t];
       if (!p.view.valid_slot(slot)) continue;
-      const float amax = load_amax(elem(p.k, t * p.k_stride, p.dtype), p.dtype, kIndexerDim, x);
-      const float scale = indexer_scale(amax, p.ue8m0);
+      const uint8_t* k = elem(p.k, t * p.k_stride, p.dtype);
+      const float scale = indexer_scale(row_amax(k, p.dtype, kIndexerDim), p.ue8m0);
       const IndexerAddress a = indexer_address(p.view, slot, p.placement);
-      encode_row(x, kIndexerDim, scale, p.view.base + a.codes);
+      quantize_row(k, p.dtype, kIndexerDim, scale, p.view.base + a.codes);
       std::memcpy(p.view.base + a.scale, &scale, 4);
     }
   });

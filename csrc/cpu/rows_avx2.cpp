@@ -1,0 +1,195 @@
+// AVX2 versions of the row loops in rows.cpp, 8 values per step, the same bytes as the scalar
+// code (the same integer formulations of e4m3 / bf16 / fp16 rounding, IEEE division, and F16C
+// only for the exact fp16 -> fp32 widening). Each function is compiled for AVX2 + F16C by a
+// target attribute, so the rest of the library keeps the baseline ISA; rows.cpp calls these
+// only when supported() says the CPU has both.
+#include "rows.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define KVC_AVX2 __attribute__((target("avx2,f16c")))
+#define KVC_AVX2_INLINE __attribute__((target("avx2,f16c"), always_inline)) inline
+
+namespace kvc::cpu::avx2 {
+namespace {
+
+KVC_AVX2_INLINE __m256i splat(int32_t v) { return _mm256_set1_epi32(v); }
+
+// 8 values of dtype t at src[i..i+8) as floats (exact widening).
+KVC_AVX2_INLINE __m256 load8(const void* src, DType t, int64_t i) {
+  if (t == DType::kFloat32) return _mm256_loadu_ps(static_cast<const float*>(src) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(src) + i));
+  if (t == DType::kFloat16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// e4m3_encode_soft (numerics.h) on 8 lanes: codes in the low byte of each 32-bit lane.
+KVC_AVX2_INLINE __m256i e4m3_encode8(__m256 q) {
+  const __m256i bits = _mm256_castps_si256(q);
+  const __m256i a = _mm256_and_si256(bits, splat(0x7FFFFFFF));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), splat(0x80));
+  __m256i normal = _mm256_add_epi32(a, splat(0x7FFFF));
+  normal = _mm256_add_epi32(normal, _mm256_and_si256(_mm256_srli_epi32(a, 20), splat(1)));
+  normal = _mm256_sub_epi32(_mm256_srli_epi32(normal, 20), splat(120 << 3));
+  const __m256 shifted = _mm256_add_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(16384.0f));
+  const __m256i subnormal = _mm256_sub_epi32(_mm256_castps_si256(shifted), splat(0x46800000));
+  __m256i r = _mm256_blendv_epi8(normal, subnormal, _mm256_cmpgt_epi32(splat(0x3C800000), a));
+  r = _mm256_blendv_epi8(r, splat(0x7E), _mm256_cmpgt_epi32(a, splat(0x43DFFFFF)));
+  r = _mm256_or_si256(r, sign);
+  return _mm256_blendv_epi8(r, splat(0x7F), _mm256_cmpgt_epi32(a, splat(0x7F800000)));
+}
+
+// The low bytes of 8 lanes, stored as 8 bytes.
+KVC_AVX2_INLINE void store_low_bytes8(__m256i r, uint8_t* out) {
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i p = _mm256_shuffle_epi8(r, pick);
+  const __m128i both = _mm_unpacklo_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(out), both);
+}
+
+// e4m3_decode (numerics.h) on 8 codes.
+KVC_AVX2_INLINE __m256 e4m3_decode8(const uint8_t* codes) {
+  const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes)));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, splat(0x80)), 24);
+  const __m256i e = _mm256_and_si256(_mm256_srli_epi32(c, 3), splat(0xF));
+  const __m256i m = _mm256_and_si256(c, splat(0x7));
+  const __m256i normal = _mm256_or_si256(
+      sign, _mm256_or_si256(_mm256_slli_epi32(_mm256_add_epi32(e, splat(120)), 23),
+                            _mm256_slli_epi32(m, 20)));
+  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(0.001953125f));
+  __m256i r = _mm256_blendv_epi8(normal, _mm256_or_si256(sign, _mm256_castps_si256(sub)),
+                                 _mm256_cmpeq_epi32(e, _mm256_setzero_si256()));
+  r = _mm256_blendv_epi8(r, splat(static_cast<int32_t>(kCanonicalNanBits)),
+                         _mm256_cmpeq_epi32(_mm256_and_si256(c, splat(0x7F)), splat(0x7F)));
+  return _mm256_castsi256_ps(r);
+}
+
+KVC_AVX2_INLINE __m256i is_nan8(__m256i u) {
+  return _mm256_cmpgt_epi32(_mm256_and_si256(u, splat(0x7FFFFFFF)), splat(0x7F800000));
+}
+
+// float_to_bf16 / float_to_fp16 (numerics.h) on 8 lanes, 16-bit results in each 32-bit lane.
+KVC_AVX2_INLINE __m256i to_bf16_8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), splat(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, splat(0x7FFF)), lsb), 16);
+  return _mm256_blendv_epi8(r, splat(0x7FC0), is_nan8(u));
+}
+
+KVC_AVX2_INLINE __m256i to_fp16_8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i a = _mm256_and_si256(u, splat(0x7FFFFFFF));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 16), splat(0x8000));
+  __m256i normal = _mm256_add_epi32(a, splat(0xFFF));
+  normal = _mm256_add_epi32(normal, _mm256_and_si256(_mm256_srli_epi32(a, 13), splat(1)));
+  normal = _mm256_srli_epi32(_mm256_sub_epi32(normal, splat(112 << 23)), 13);
+  const __m256 half = _mm256_add_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(0.5f));
+  const __m256i subnormal = _mm256_sub_epi32(_mm256_castps_si256(half), splat(0x3F000000));
+  __m256i r = _mm256_blendv_epi8(subnormal, normal, _mm256_cmpgt_epi32(a, splat(0x387FFFFF)));
+  r = _mm256_blendv_epi8(r, splat(0x7C00), _mm256_cmpgt_epi32(a, splat(0x477FEFFF)));
+  r = _mm256_or_si256(r, sign);
+  return _mm256_blendv_epi8(r, splat(0x7E00), is_nan8(u));
+}
+
+// 8 16-bit results (one per 32-bit lane) stored as 16 bytes.
+KVC_AVX2_INLINE void store_u16x8(__m256i r, uint8_t* out) {
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+}
+
+KVC_AVX2_INLINE uint32_t hmax_u16(__m256i m) {
+  __m128i x = _mm_max_epu16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  x = _mm_max_epu16(x, _mm_srli_si128(x, 8));
+  x = _mm_max_epu16(x, _mm_srli_si128(x, 4));
+  x = _mm_max_epu16(x, _mm_srli_si128(x, 2));
+  return static_cast<uint32_t>(_mm_extract_epi16(x, 0));
+}
+
+KVC_AVX2_INLINE uint32_t hmax_i32(__m256i m) {
+  __m128i x = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  x = _mm_max_epi32(x, _mm_srli_si128(x, 8));
+  x = _mm_max_epi32(x, _mm_srli_si128(x, 4));
+  return static_cast<uint32_t>(_mm_cvtsi128_si32(x));
+}
+
+}  // namespace
+
+bool supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+
+// 16-bit inputs: the amax of |x| taken on the 16-bit patterns (for non-negative bf16 / fp16 the
+// bit order is the value order; NaN patterns count as 0), then widened once.
+KVC_AVX2 float row_amax(const void* src, DType t, int64_t n) {
+  int64_t i = 0;
+  float tail = 0.0f;
+  if (t == DType::kFloat32) {
+    const float* f = static_cast<const float*>(src);
+    __m256i m = _mm256_setzero_si256();
+    for (; i + 8 <= n; i += 8) {
+      const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(f + i)), splat(0x7FFFFFFF));
+      m = _mm256_max_epi32(m, _mm256_andnot_si256(_mm256_cmpgt_epi32(a, splat(0x7F800000)), a));
+    }
+    tail = bits_float(hmax_i32(m));
+  } else {
+    const uint16_t* h = static_cast<const uint16_t*>(src);
+    const __m256i inf = _mm256_set1_epi16(t == DType::kBFloat16 ? 0x7F80 : 0x7C00);
+    __m256i m = _mm256_setzero_si256();
+    for (; i + 16 <= n; i += 16) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i));
+      const __m256i a = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+      m = _mm256_max_epu16(m, _mm256_andnot_si256(_mm256_cmpgt_epi16(a, inf), a));
+    }
+    const uint16_t top = static_cast<uint16_t>(hmax_u16(m));
+    tail = t == DType::kBFloat16 ? bf16_to_float(top) : fp16_to_float(top);
+  }
+  const float rest = scalar::row_amax(static_cast<const uint8_t*>(src) + i * dtype_size(t), t, n - i);
+  return rest > tail ? rest : tail;
+}
+
+// IEEE division, as the scalar code: on these CPUs the integer encoding, not the division,
+// bounds the loop (a multiply-by-reciprocal variant with an exactness check measured slower).
+KVC_AVX2 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
+  const __m256 s = _mm256_set1_ps(scale);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store_low_bytes8(e4m3_encode8(_mm256_div_ps(load8(src, t, i), s)), out + i);
+  scalar::quantize_row(static_cast<const uint8_t*>(src) + i * dtype_size(t), t, n - i, scale, out + i);
+}
+
+KVC_AVX2 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
+  const __m256 s = _mm256_set1_ps(scale);
+  const int64_t es = dtype_size(out_dtype);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_mul_ps(e4m3_decode8(codes + i), s);
+    uint8_t* o = out + i * es;
+    if (out_dtype == DType::kFloat32) {
+      const __m256i u = _mm256_castps_si256(v);
+      const __m256i r = _mm256_blendv_epi8(u, splat(static_cast<int32_t>(kCanonicalNanBits)), is_nan8(u));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), r);
+    } else {
+      store_u16x8(out_dtype == DType::kBFloat16 ? to_bf16_8(v) : to_fp16_8(v), o);
+    }
+  }
+  scalar::decode_row(codes + i, n - i, scale, out_dtype, out + i * es);
+}
+
+}  // namespace kvc::cpu::avx2
+
+#else  // not x86-64 with GCC-style intrinsics: the scalar code everywhere
+
+namespace kvc::cpu::avx2 {
+bool supported() { return false; }
+float row_amax(const void* src, DType t, int64_t n) { return scalar::row_amax(src, t, n); }
+void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
+  scalar::quantize_row(src, t, n, scale, out);
+}
+void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
+  scalar::decode_row(codes, n, scale, out_dtype, out);
+}
+}  // namespace kvc::cpu::avx2
+
+#endif
