@@ -14,6 +14,15 @@
 
 namespace kvc {
 
+// Leading zeros of a non-zero 64-bit value.
+KVC_HD int clz64(uint64_t v) {
+#if defined(__CUDA_ARCH__)
+  return __clzll(static_cast<long long>(v));
+#else
+  return __builtin_clzll(v);
+#endif
+}
+
 struct PagedView {
   uint8_t* base;  // address of (block 0, head 0, token 0, byte 0): the view's data_ptr
   int64_t num_blocks;
@@ -27,10 +36,24 @@ struct PagedView {
   KVC_HD int64_t num_slots() const { return num_blocks * block_size; }
   KVC_HD bool valid_slot(int64_t slot) const { return slot >= 0 && slot < num_slots(); }
 
-  // Byte offset of (slot, head, byte) from base. slot = block * block_size + position.
+  // slot = block * block_size + position. A 64-bit division is dozens of instructions on a GPU:
+  // a power-of-two block size (the usual case) divides by a shift, a slot range below 2^31 by
+  // 32-bit division; only other views pay for 64 bits.
+  KVC_HD void split(int64_t slot, int64_t& block, int64_t& pos) const {
+    if ((block_size & (block_size - 1)) == 0) {
+      block = slot >> (63 - clz64(static_cast<uint64_t>(block_size)));
+    } else if (num_slots() <= 0x7FFFFFFF) {
+      block = static_cast<uint32_t>(slot) / static_cast<uint32_t>(block_size);
+    } else {
+      block = slot / block_size;
+    }
+    pos = slot - block * block_size;
+  }
+
+  // Byte offset of (slot, head, byte) from base.
   KVC_HD int64_t offset(int64_t slot, int64_t head = 0, int64_t byte = 0) const {
-    const int64_t block = slot / block_size;
-    const int64_t pos = slot - block * block_size;
+    int64_t block, pos;
+    split(slot, block, pos);
     return block * block_stride + head * head_stride + pos * token_stride + byte;
   }
   KVC_HD uint8_t* row(int64_t slot, int64_t head = 0) const { return base + offset(slot, head); }
@@ -52,8 +75,8 @@ struct IndexerAddress {
 // `split` is defined on a contiguous page (token_stride == 132): the op layer refuses views
 // whose pages are not (e.g. sliced along tokens), so it never addresses bytes outside them.
 KVC_HD IndexerAddress indexer_address(const PagedView& v, int64_t slot, IndexerPlacement p) {
-  const int64_t block = slot / v.block_size;
-  const int64_t pos = slot - block * v.block_size;
+  int64_t block, pos;
+  v.split(slot, block, pos);
   const int64_t page = block * v.block_stride;
   if (p == IndexerPlacement::kRow) {
     const int64_t row = page + pos * v.token_stride;

@@ -227,3 +227,30 @@ def test_span_copy_kernel_gives_the_cpu_bytes(simt, chunk):
     assert torch.equal(got[5000:5700], src[4099:4799])
     with pytest.raises(ValueError, match="write overlapping"):
         simt.copy_spans(src, got, torch.tensor([[0, 0, 8], [8, 4, 8]]), chunk)
+
+
+def test_nan_code_fix_touches_only_0xff_bytes(simt):
+    """The paired hardware e4m3 conversion's NaN bytes (0xFF or 0x7F) become 0x7F, word-wide;
+    every other byte value, in every position, is kept."""
+    g = torch.Generator().manual_seed(12)
+    words = torch.randint(0, 256, (4, 256, 4), generator=g, dtype=torch.int64)
+    for pos in range(4):
+        words[pos, :, pos] = torch.arange(256)
+    packed = (words[..., 0] | (words[..., 1] << 8) | (words[..., 2] << 16) | (words[..., 3] << 24))
+    got = simt.canonical_nan_codes(packed.to(torch.uint32).view(torch.int32)).view(torch.uint32)
+    got = got.to(torch.int64)
+    want = torch.where(words == 0xFF, 0x7F, words)
+    for b in range(4):
+        assert torch.equal((got >> (8 * b)) & 0xFF, want[..., b])
+
+
+def test_exact_reciprocal_only_for_powers_of_two(simt):
+    """x * exact_recip(s) == x / s whenever exact_recip(s) != 0, and it is 0 otherwise."""
+    pow2 = torch.tensor([2.0 ** e for e in range(-125, 126)])
+    others = torch.tensor([0.3, 1.5, 3.0, 2.0 ** -126, 2.0 ** 127, float("inf"), 1e-45, 0.75])
+    r = simt.exact_recip(torch.cat([pow2, others]))
+    assert bool((r[: len(pow2)] != 0).all()) and bool((r[len(pow2):] == 0).all())
+    x = torch.randn(10000, generator=torch.Generator().manual_seed(3)) * 1e3
+    x = torch.cat([x, torch.tensor([1e-40, 3e38, -0.0, float("inf"), float("nan")])])
+    for s, rs in zip(pow2[::7], r[: len(pow2)][::7]):
+        assert torch.equal((x * rs).view(torch.int32)[~x.isnan()], (x / s).view(torch.int32)[~x.isnan()])

@@ -6,6 +6,11 @@
 
 #include "../numerics.h"
 
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
 namespace kvc::cuda {
 
 constexpr int kWarp = 32;
@@ -114,27 +119,65 @@ __device__ __forceinline__ void load_words(const uint8_t* src, uint32_t (&w)[N])
            (static_cast<uint32_t>(src[4 * i + 3]) << 24);
 }
 
-// Two 16-bit floats packed in a word -> floats.
+// Two 16-bit floats packed in a word -> floats (fp16: the hardware's exact widening on a GPU).
 template <bool kHalf>
 __device__ __forceinline__ void unpack2(uint32_t w, float& lo, float& hi) {
   if constexpr (kHalf) {
+#if defined(__CUDA_ARCH__)
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w));
+    lo = f.x;
+    hi = f.y;
+#else
     lo = fp16_to_float(static_cast<uint16_t>(w & 0xFFFF));
     hi = fp16_to_float(static_cast<uint16_t>(w >> 16));
+#endif
   } else {
     lo = bits_float(w << 16);
     hi = bits_float(w & 0xFFFF0000u);
   }
 }
 
+// Bytes equal to 0xFF (e4m3 NaN of either sign) become 0x7F, word-wide: 0xFF is no finite
+// satfinite code, so this only canonicalises NaN.
+__device__ __forceinline__ uint32_t canonical_nan_codes(uint32_t w) {
+  const uint32_t v = ~w;  // a NaN byte is a zero byte of v
+  const uint32_t nonzero = (((v & 0x7F7F7F7Fu) + 0x7F7F7F7Fu) | v) & 0x80808080u;
+  return w & ~(~nonzero & 0x80808080u);
+}
+
+// Four floats -> four e4m3 codes (lowest address first). On sm_89+ two paired hardware
+// conversions (cvt.rn.satfinite.e4m3x2.f32) with NaN made 0x7F; elsewhere the software encoder.
 __device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return canonical_nan_codes(lo | (hi << 16));
+#else
   return static_cast<uint32_t>(e4m3_encode(a)) | (static_cast<uint32_t>(e4m3_encode(b)) << 8) |
          (static_cast<uint32_t>(e4m3_encode(c)) << 16) | (static_cast<uint32_t>(e4m3_encode(d)) << 24);
+#endif
+}
+
+// max(m, |x|) ignoring NaN: fmaxf returns the other operand of a NaN, and fabsf(-0) is +0, so
+// this is abs_for_amax's maximum in one instruction (FMNMX with |x|).
+__device__ __forceinline__ float amax_step(float m, float x) { return fmaxf(m, fabsf(x)); }
+
+// x / scale, exactly as IEEE division: by multiplication when the scale is a power of two with a
+// finite normal reciprocal (recip != 0), then x * recip is the same correctly rounded value.
+__device__ __forceinline__ float exact_recip(float scale) {
+  const uint32_t b = float_bits(scale);
+  const bool pow2 = (b & 0x7FFFFFu) == 0 && ((b >> 23) & 0xFFu) > 1 && ((b >> 23) & 0xFFu) < 254;
+  return pow2 ? bits_float((254u << 23) - (b & 0x7F800000u)) : 0.0f;
+}
+
+__device__ __forceinline__ float div_by(float x, float scale, float recip) {
+  return recip != 0.0f ? x * recip : x / scale;
 }
 
 template <int kWidth>  // reduce over groups of kWidth consecutive lanes
 __device__ __forceinline__ float group_max(float v) {
 #pragma unroll
-  for (int off = kWidth / 2; off > 0; off /= 2) v = fmax_(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
+  for (int off = kWidth / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
   return v;
 }
 

@@ -42,7 +42,7 @@ __device__ __forceinline__ void store_mla_fp8(const MlaWriteParams& p, int64_t s
   for (int i = 0; i < 8; ++i) unpack2<kHalf>(in.latent[i], x[2 * i], x[2 * i + 1]);
   float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) amax = fmax_(amax, abs_for_amax(x[i]));
+  for (int i = 0; i < 16; ++i) amax = amax_step(amax, x[i]);
   const float scale = mla_tile_scale(group_max<8>(amax));  // every lane: shuffles need all 32
   if (!p.view.valid_slot(slot)) return;
   uint8_t* row = p.view.row(slot);
@@ -123,12 +123,20 @@ __device__ __forceinline__ void store_indexer(const IndexerWriteParams& p, int64
   float x[4];
   unpack2<kHalf>(in.k[0], x[0], x[1]);
   unpack2<kHalf>(in.k[1], x[2], x[3]);
-  const float amax = fmax_(fmax_(abs_for_amax(x[0]), abs_for_amax(x[1])),
-                           fmax_(abs_for_amax(x[2]), abs_for_amax(x[3])));
+  const float amax = amax_step(amax_step(amax_step(amax_step(0.0f, x[0]), x[1]), x[2]), x[3]);
   const float scale = indexer_scale(group_max<32>(amax), p.ue8m0);
   if (!p.view.valid_slot(slot)) return;
   const IndexerAddress a = indexer_address(p.view, slot, p.placement);
-  const uint32_t codes[1] = {pack4_e4m3(x[0] / scale, x[1] / scale, x[2] / scale, x[3] / scale)};
+  // ue8m0 scales are powers of two: multiplying by the reciprocal is the IEEE quotient.
+  const float recip = p.ue8m0 ? exact_recip(scale) : 0.0f;
+  if (recip != 0.0f) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] *= recip;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] /= scale;
+  }
+  const uint32_t codes[1] = {pack4_e4m3(x[0], x[1], x[2], x[3])};
   store_words(p.view.base + a.codes + 4 * lane, codes);
   if (lane == 0) {
     const uint32_t s[1] = {float_bits(scale)};

@@ -108,6 +108,22 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans, int64
                                   Launch{});
 }
 
+// Device helpers whose GPU-only callers the host path does not reach, checked on their own.
+Tensor canonical_nan_codes(const Tensor& words) {
+  Tensor out = words.clone();
+  auto* w = out.data_ptr<int32_t>();
+  for (int64_t i = 0; i < out.numel(); ++i)
+    w[i] = static_cast<int32_t>(kvc::cuda::canonical_nan_codes(static_cast<uint32_t>(w[i])));
+  return out;
+}
+
+Tensor exact_recip(const Tensor& scales) {
+  Tensor out = scales.clone();
+  auto* s = out.data_ptr<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) s[i] = kvc::cuda::exact_recip(s[i]);
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -120,4 +136,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reshape_and_cache_kv", &reshape_and_cache_kv);
   m.def("gather_kv", &gather_kv);
   m.def("copy_spans", &copy_spans);
+  m.def("canonical_nan_codes", &canonical_nan_codes);
+  m.def("exact_recip", &exact_recip);
 }
