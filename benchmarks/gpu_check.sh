@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Device check, for a machine with an NVIDIA GPU (e.g. the H200 test machine, which reaches no
-# package registry: everything runs on its own torch and tools). Builds the extension in place,
-# runs the test suite (CUDA cases included), compute-sanitizer memcheck on a small case, the
-# benchmark's quick mode and the torch.profiler cross-check; FULL=1 adds the full sweep.
+# package registry: everything runs on its own torch and tools). In order, so the most important
+# finish first: build in place, the test suite (CUDA cases included), compute-sanitizer memcheck
+# on a small case of every kernel and racecheck on one write and one gather, the benchmark's
+# quick mode, ncu on dsa_write and gather_mla at T = 16384 (DRAM throughput, issue slots, stall
+# reasons, instructions executed), the torch.profiler cross-check; FULL=1 adds the full sweep.
 #
 #   OUT=/tmp/out [FULL=1] [BUDGET_S=540] bash benchmarks/gpu_check.sh
 #
@@ -73,7 +75,23 @@ elif [ -n "$SANITIZER" ]; then
 else
   note "compute-sanitizer not found"; status=1
 fi
+if [ "$DRY" != 1 ] && [ -n "$SANITIZER" ]; then
+  step racecheck 90 "$SANITIZER" --tool racecheck --error-exitcode 1 $PY benchmarks/sanitize_case.py --racecheck
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$LOGS/racecheck.log" | sed 's/^/gpu_check: racecheck: /' \
+    | tee -a "$OUT/summary.txt"
+fi
 step bench_quick 150 $PY benchmarks/bench_cache_ops.py --device "$DEVICE" --quick --budget-s 90 --out "$OUT"
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+if [ "$DRY" != 1 ] && [ -n "$NCU" ]; then
+  # The second launch of each kernel (-s skips the first): sections for DRAM throughput and
+  # issue-slot use, warp stall reasons, and instructions executed (checks sass_report.py's count).
+  step ncu 150 "$NCU" --kernel-name regex:"dsa_kernel|mla_gather_kernel" --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight --section WarpStateStats --section InstructionStats --section SchedulerStats \
+    --metrics smsp__inst_executed.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+    $PY benchmarks/sanitize_case.py --ncu
+  grep -E "dsa_kernel|mla_gather_kernel|DRAM Throughput|Issue Slots Busy|Stall|inst_executed" \
+    "$LOGS/ncu.log" | head -40 | sed 's/^/gpu_check: ncu: /' >> "$OUT/summary.txt"
+fi
 step profile 120 $PY benchmarks/profile_ops.py --device "$DEVICE" --out "$LOGS"
 if [ "${FULL:-0}" = 1 ]; then
   # The sweep stops itself 45 s before the budget ends and writes what it measured.

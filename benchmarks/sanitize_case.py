@@ -1,23 +1,70 @@
-"""A small case that runs every CUDA op once, for compute-sanitizer:
+"""Small cases that run the CUDA ops, for compute-sanitizer and ncu:
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python benchmarks/sanitize_case.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 python benchmarks/sanitize_case.py --racecheck
+    ncu --kernel-name regex:"dsa_kernel|mla_gather_kernel" ... python benchmarks/sanitize_case.py --ncu
 
+The default runs every op once (every kernel);
 Covers unaligned views (block size 1 makes 656-byte rows 8-byte aligned only), padding slots,
 out-of-range slots and block-table entries (skipped / zero rows, never touched), both indexer
 placements, fp16 inputs, and GPU <-> pinned CPU block copies.
 """
+import argparse
+
 import torch
 
 import kvcache_ext as kvc
 
 
+def racecheck_case(dev: torch.device) -> None:
+    """One write (the fused DSA write) and one gather (gather_mla), small."""
+    plan = kvc.plan_cache([kvc.CacheSpec("mla", 656, 1), kvc.CacheSpec("indexer", 132, 1)], 8, 16,
+                          "BLHNC")
+    cache = kvc.allocate(plan, dev, fill=0)
+    x = torch.randn(40, 576, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(40, 128, device=dev, dtype=torch.bfloat16)
+    slots = torch.randperm(plan.num_slots, device=dev)[:40]
+    kvc.ops.dsa_write(x[:, :512], x[:, 512:], cache.view("mla", 0), k, cache.view("indexer", 0), slots)
+    table = torch.arange(8, dtype=torch.int32, device=dev).view(2, 4)
+    cu = torch.tensor([0, 50, 64], dtype=torch.int32, device=dev)
+    kvc.ops.gather_mla(cache.view("mla", 0), table, cu, validate=False)
+
+
+def ncu_case(dev: torch.device, tokens: int = 16384) -> None:
+    """dsa_write and gather_mla at T = 16384 in a serving-sized BLHNC cache, twice each (the
+    second launches are the ones to read: warm instruction cache, same data sizes)."""
+    plan = kvc.plan_cache([kvc.CacheSpec("mla", 656, 1), kvc.CacheSpec("indexer", 132, 1)], 2048,
+                          64, "BLHNC")
+    cache = kvc.allocate(plan, dev, fill=0)
+    x = torch.randn(tokens, 576, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(tokens, 128, device=dev, dtype=torch.bfloat16)
+    slots = torch.randperm(plan.num_slots, device=dev)[:tokens]
+    table = torch.randperm(2048, device=dev)[: tokens // 64].to(torch.int32).view(1, -1)
+    cu = torch.tensor([0, tokens], dtype=torch.int32, device=dev)
+    out = torch.empty(tokens, 576, dtype=torch.bfloat16, device=dev)
+    for _ in range(2):
+        kvc.ops.dsa_write(x[:, :512], x[:, 512:], cache.view("mla", 0), k, cache.view("indexer", 0),
+                          slots, scale_fmt="ue8m0")
+        kvc.ops.gather_mla(cache.view("mla", 0), table, cu, out=out, validate=False)
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--racecheck", action="store_true", help="one write and one gather only")
+    ap.add_argument("--ncu", action="store_true", help="dsa_write and gather_mla at T = 16384")
+    args = ap.parse_args()
     assert torch.cuda.is_available(), "needs a GPU"
     dev = torch.device("cuda")
+    if args.racecheck or args.ncu:
+        (racecheck_case if args.racecheck else ncu_case)(dev)
+        torch.cuda.synchronize()
+        print("sanitize_case: done")
+        return
     g = torch.Generator().manual_seed(0)
     for layout, bs in (("BLHNC", 1), ("LBNHC", 16), ("BHLNC", 64)):
         specs = [kvc.CacheSpec("mla", 656, 2), kvc.CacheSpec("indexer", 132, 2),
-                 kvc.CacheSpec("kv", 6, 1, 3), kvc.CacheSpec("kv8", 5, 1, 3)]
+                 kvc.CacheSpec("kv", 6, 1, 3), kvc.CacheSpec("kv8", 5, 1, 3),
+                 kvc.CacheSpec("vv8", 5, 1, 3), kvc.CacheSpec("mla8", 576, 1)]
         nb = max(4, 300 // bs)
         plan = kvc.plan_cache(specs, nb, bs, layout)
         cache = kvc.allocate(plan, dev, fill=0)
@@ -37,6 +84,11 @@ def main() -> None:
                                   cache.view("kv", 0), slots)
         kvc.ops.reshape_and_cache(torch.randn(t, 3, 5, device=dev), cache.view("kv8", 0), slots,
                                   "fp8", torch.ones(1, device=dev))
+        kvc.ops.concat_and_cache_mla(x[:, :512], x[:, 512:], cache.view("mla8", 0), slots, "fp8",
+                                     torch.full((1,), 0.05, device=dev))
+        kv_in = torch.randn(t, 3, 5, device=dev)
+        kvc.ops.reshape_and_cache_kv(kv_in, -kv_in, cache.view("kv8", 0), cache.view("vv8", 0), slots,
+                                     "fp8", torch.tensor([0.5, 1.0, 2.0], device=dev), 0.25)
         table = torch.randint(-3, nb + 3, (3, 320 // bs + 1), generator=g, dtype=torch.int32).to(dev)
         cu = torch.tensor([0, 50, 50, 300], dtype=torch.int32, device=dev)
         for view, raw in ((cache.view("mla", 1), False), (cache.view("mla", 1), True)):
@@ -47,6 +99,10 @@ def main() -> None:
             kvc.ops.gather_indexer_slots(cache.view("indexer", 1), slots.view(4, 25), placement,
                                          validate=False)
         kvc.ops.gather_mla_slots(cache.view("mla", 0), slots, validate=False)
+        kvc.ops.gather_mla(cache.view("mla8", 0), table, cu, "fp8", validate=False, scale=0.05)
+        kvc.ops.gather_kv(cache.view("kv", 0), table, cu, dtype=torch.float16, validate=False)
+        kvc.ops.gather_kv(cache.view("kv8", 0), table, cu, dtype=torch.float32, validate=False,
+                          scale=torch.tensor([0.5, 1.0, 2.0], device=dev))
         mapping = torch.tensor([[0, 1], [1, 2], [3, 0]])
         kvc.copy_blocks(cache, host, mapping)
         kvc.copy_blocks(host, cache, mapping)
