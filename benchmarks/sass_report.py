@@ -41,7 +41,7 @@ SOURCES = ["write.cu", "gather.cu", "copy.cu"]
 NVCC_FLAGS = ["-cubin", "-arch=sm_90", "-O3", "--fmad=false", "-std=c++17", "-lineinfo"]
 
 # Tokens one warp handles, by kernel name (first match). Default: one token (or row) per warp.
-TOKENS_PER_WARP: list[tuple[str, int]] = []
+TOKENS_PER_WARP: list[tuple[str, int]] = [(r"\bindexer_kernel", 4), (r"\bindexer_gather_kernel", 4)]
 
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 WIDTH = re.compile(r"\b(LDG|STG)(\.E)?((?:\.[A-Z0-9]+)*)")

@@ -41,7 +41,7 @@ def plan_for(layout: str, block_size: int) -> kvc.CachePlan:
              kvc.CacheSpec("mla_auto", 1152, 1), kvc.CacheSpec("kv", 2 * 64, 1, 2),
              kvc.CacheSpec("kv_odd", 2 * 5, 1, 3), kvc.CacheSpec("kv8", 5, 1, 3),
              kvc.CacheSpec("mla8", 576, 1), kvc.CacheSpec("vv", 2 * 64, 1, 2),
-             kvc.CacheSpec("vv8", 5, 1, 3)]
+             kvc.CacheSpec("vv8", 5, 1, 3), kvc.CacheSpec("indexer2", 132, 1)]
     return kvc.plan_cache(specs, num_blocks=max(4, 160 // block_size), block_size=block_size,
                           layout=layout)
 
@@ -93,6 +93,7 @@ def test_writes_give_the_cpu_bytes(simt, layout, block_size, dtype):
         ops.concat_and_cache_mla(kv_c, k_pe, gc.view("mla", 1), s, "fp8_ds_mla", None)
         ops.concat_and_cache_mla(kv_c, k_pe, gc.view("mla8", 0), s, "fp8", mla_scale)
         ops.indexer_k_quant_and_cache(k[:40], gc.view("indexer", 1), s[:40], None, "split")
+        ops.indexer_k_quant_and_cache(k, gc.view("indexer2", 0), s, "ue8m0", "row")  # T = 67
         ops.reshape_and_cache(key, gc.view("kv", 0), s, "auto", None)
         ops.reshape_and_cache(key_odd, gc.view("kv_odd", 0), s, "auto", None)
         ops.reshape_and_cache(key8, gc.view("kv8", 0), s, "fp8", scale)

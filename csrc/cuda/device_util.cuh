@@ -15,6 +15,9 @@ namespace kvc::cuda {
 
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;  // tokens per thread block for the one-warp-per-row kernels
+// Indexer rows (132 B) alone: four tokens per warp, eight lanes per token.
+constexpr int kIndexerLanes = 8;
+constexpr int kIndexerTokensPerWarp = kWarp / kIndexerLanes;
 
 inline unsigned grid_for(int64_t rows) {
   return static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);

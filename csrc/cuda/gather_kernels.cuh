@@ -126,22 +126,22 @@ __global__ void mla_gather_kernel(MlaGatherParams p) {
   }
 }
 
-// Lane l copies codes [4 l, 4 l + 4); lane 0 the scale.
+// Four tokens per warp (132-byte rows are short): lane l of a token's 8 copies codes
+// [16 l, 16 l + 16), lane 0 also the scale.
 __global__ void indexer_gather_kernel(IndexerGatherParams p) {
-  const int64_t t = warp_row();
+  const int lane = threadIdx.x % kWarp, sub = lane % kIndexerLanes;
+  const int64_t t = warp_row() * kIndexerTokensPerWarp + lane / kIndexerLanes;
   if (t >= p.num_tokens) return;
-  const int lane = threadIdx.x % kWarp;
-  uint8_t* codes = p.codes + t * p.codes_stride;
   const int64_t slot = p.src.slot_of(t, p.view);
   if (slot == kNoRow) return;
-  uint32_t w[1] = {0}, s[1] = {0};
+  uint32_t w[4] = {0, 0, 0, 0}, s[1] = {0};
   if (slot >= 0) {
     const IndexerAddress a = indexer_address(p.view, slot, p.placement);
-    load_words(p.view.base + a.codes + 4 * lane, w);
-    if (lane == 0) load_words(p.view.base + a.scale, s);
+    load_words(p.view.base + a.codes + 16 * sub, w);
+    if (sub == 0) load_words(p.view.base + a.scale, s);
   }
-  store_words(codes + 4 * lane, w);
-  if (lane == 0) p.scales[t] = bits_float(s[0]);
+  store_words(p.codes + t * p.codes_stride + 16 * sub, w);
+  if (sub == 0) p.scales[t] = bits_float(s[0]);
 }
 
 // One warp per (token, head): a copied row, or e4m3 codes decoded with the head's scale.
@@ -196,7 +196,8 @@ void dispatch_mla_gather(const MlaGatherParams& p, const Launch& launch) {
 
 template <class Launch>
 void dispatch_indexer_gather(const IndexerGatherParams& p, const Launch& launch) {
-  launch(indexer_gather_kernel, grid_for(p.num_tokens), p);
+  launch(indexer_gather_kernel,
+         grid_for((p.num_tokens + kIndexerTokensPerWarp - 1) / kIndexerTokensPerWarp), p);
 }
 
 }  // namespace

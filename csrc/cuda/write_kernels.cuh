@@ -163,13 +163,42 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mla_auto_kernel(MlaWri
 }
 
 template <bool kHalf>
+// The indexer write alone: 132-byte rows are too short for a warp, so each warp writes
+// kIndexerTokensPerWarp tokens, 8 lanes a token, 16 values a lane.
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) indexer_kernel(IndexerWriteParams p) {
-  const int64_t t = warp_row();
-  if (t >= p.num_tokens) return;
-  const int lane = threadIdx.x % kWarp;
-  const int64_t slot = p.slots[t];
-  const IndexerInputs in = load_indexer(p, t, lane);
-  store_indexer<kHalf>(p, slot, in, lane);
+  const int lane = threadIdx.x % kWarp, sub = lane % kIndexerLanes;
+  const int64_t t = warp_row() * kIndexerTokensPerWarp + lane / kIndexerLanes;
+  if (warp_row() * kIndexerTokensPerWarp >= p.num_tokens) return;  // whole warp: shuffles below
+  const bool live = t < p.num_tokens;
+  const int64_t row = live ? t : 0;  // a dead lane group reads row 0 (it exists) and writes nothing
+  const int64_t slot = live ? p.slots[t] : -1;
+  uint32_t w[8];
+  load_words(elem(p.k, row * p.k_stride + 16 * sub, 2), w);
+  float x[16];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) unpack2<kHalf>(w[i], x[2 * i], x[2 * i + 1]);
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = amax_step(amax, x[i]);
+  const float scale = indexer_scale(group_max<kIndexerLanes>(amax), p.ue8m0);
+  if (!p.view.valid_slot(slot)) return;
+  const IndexerAddress a = indexer_address(p.view, slot, p.placement);
+  const float recip = p.ue8m0 ? exact_recip(scale) : 0.0f;  // ue8m0: exact by multiplication
+  if (recip != 0.0f) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] *= recip;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) x[i] /= scale;
+  }
+  uint32_t codes[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) codes[i] = pack4_e4m3(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+  store_words(p.view.base + a.codes + 16 * sub, codes);
+  if (sub == 0) {
+    const uint32_t s[1] = {float_bits(scale)};
+    store_words(p.view.base + a.scale, s);
+  }
 }
 
 // The DSA pair in one launch: each warp loads its token's MLA and indexer inputs together,
@@ -259,7 +288,7 @@ void dispatch_mla_write(const MlaWriteParams& p, const Launch& launch) {
 
 template <class Launch>
 void dispatch_indexer_write(const IndexerWriteParams& p, const Launch& launch) {
-  const unsigned grid = grid_for(p.num_tokens);
+  const unsigned grid = grid_for((p.num_tokens + kIndexerTokensPerWarp - 1) / kIndexerTokensPerWarp);
   if (p.dtype == DType::kFloat16)
     launch(indexer_kernel<true>, grid, p);
   else
