@@ -17,6 +17,18 @@ const uint8_t* elem(const void* base, int64_t index, DType t) {
   return static_cast<const uint8_t*>(base) + index * dtype_size(t);
 }
 
+// Rows land at random slots, so each store misses the cache and first reads its line. Asking
+// for the lines of the row kAhead tokens on, for writing, overlaps those misses with the
+// current token's arithmetic.
+constexpr int64_t kAhead = 4;
+inline void prefetch_row_for_write(const PagedView& v, const int64_t* slots, int64_t t, int64_t end,
+                                   int64_t bytes, int64_t head = 0) {
+  if (t + kAhead >= end || !v.valid_slot(slots[t + kAhead])) return;
+  const uint8_t* row = v.row(slots[t + kAhead], head);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 1, 3);
+  __builtin_prefetch(row + bytes - 1, 1, 3);
+}
+
 // Unquantized rows: straight byte copies of `bytes` per (token, head).
 void copy_rows(int64_t num_tokens, const int64_t* slots, const PagedView& v, int64_t heads,
                const uint8_t* src, int64_t token_stride, int64_t head_stride, int64_t bytes) {
@@ -85,6 +97,7 @@ void mla_write(const MlaWriteParams& p) {
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     uint16_t rope[kMlaRopeDim];
     for (int64_t t = begin; t < end; ++t) {
+      prefetch_row_for_write(p.view, p.slots, t, end, kMlaFp8RowBytes);
       const int64_t slot = p.slots[t];
       if (!p.view.valid_slot(slot)) continue;
       uint8_t* row = p.view.row(slot);
@@ -110,6 +123,12 @@ void mla_write(const MlaWriteParams& p) {
 void indexer_write(const IndexerWriteParams& p) {
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
+      if (t + kAhead < end && p.view.valid_slot(p.slots[t + kAhead])) {
+        const IndexerAddress n = indexer_address(p.view, p.slots[t + kAhead], p.placement);
+        __builtin_prefetch(p.view.base + n.codes, 1, 3);
+        __builtin_prefetch(p.view.base + n.codes + 127, 1, 3);
+        __builtin_prefetch(p.view.base + n.scale, 1, 3);
+      }
       const int64_t slot = p.slots[t];
       if (!p.view.valid_slot(slot)) continue;
       const uint8_t* k = elem(p.k, t * p.k_stride, p.dtype);
