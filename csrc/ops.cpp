@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "nvtx.h"
 #include "op_args.h"
@@ -223,8 +224,21 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
   if (src.is_cpu() && dst.is_cpu()) {
     const Tensor chunks = chunk_spans(s, n, kCpuCopyChunkBytes);
     const int64_t* c = chunks.data_ptr<int64_t>();
-    at::parallel_for(0, chunks.size(0), 1, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) std::memcpy(to + c[3 * i + 1], from + c[3 * i], c[3 * i + 2]);
+    const int64_t count = chunks.size(0);
+    // Threads get equal bytes, not equal chunk counts: spans sorted by address put all of one
+    // spec's (large) pages before another's (small) ones.
+    const int64_t parts = std::min<int64_t>(4 * at::get_num_threads(), count);
+    int64_t total = 0;
+    for (int64_t i = 0; i < count; ++i) total += c[3 * i + 2];
+    std::vector<int64_t> first(parts + 1, count);
+    for (int64_t i = 0, part = 0, done = 0; i < count && part < parts; ++i) {
+      while (part < parts && done >= part * (total / std::max<int64_t>(parts, 1))) first[part++] = i;
+      done += c[3 * i + 2];
+    }
+    first[0] = 0;
+    at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = first[begin]; i < first[end]; ++i)
+        std::memcpy(to + c[3 * i + 1], from + c[3 * i], c[3 * i + 2]);
     });
     return;
   }
