@@ -1,4 +1,5 @@
-"""python -m kvcache_ext {layout, capacity, demo}: see a plan, size a cache, run the kernels.
+"""python -m kvcache_ext {layout, capacity, demo, transfer}: see a plan, size a cache, run the
+kernels, list the spans that move a request between two plans.
 
 Bad arguments give one line on stderr and exit status 2 before anything else is printed;
 no subcommand prints this help on stderr and exits 2.
@@ -112,18 +113,26 @@ def out_file(text: str) -> str:
     return text
 
 
-def parse_spec(text: str, default_layers: int) -> CacheSpec:
-    """name:row_bytes[:layers[:heads]], e.g. mla:656 or kv:256:32:8."""
+def parse_spec(text: str, default_layers: int, flag: str = "--spec") -> CacheSpec:
+    """name:row_bytes[:layers[:heads]], e.g. mla:656 or kv:256:32:8; row_bytes A+B is a split
+    page (the first A bytes of every token, then the last B), e.g. indexer:128+4."""
     parts = text.split(":")
     if len(parts) < 2 or len(parts) > 4 or not parts[0]:
-        raise CliError(f"--spec must be NAME:ROW_BYTES[:LAYERS[:HEADS]], got {text!r}")
+        raise CliError(f"{flag} must be NAME:ROW_BYTES[:LAYERS[:HEADS]], got {text!r}")
+    split = None
     try:
+        if "+" in parts[1]:
+            split = tuple(int(p) for p in parts[1].split("+"))
+            if len(split) != 2:
+                raise ValueError
+            parts[1] = str(sum(split))
         nums = [int(p) for p in parts[1:]]
     except ValueError:
-        raise CliError(f"--spec must be NAME:ROW_BYTES[:LAYERS[:HEADS]] with integers, got {text!r}")
+        raise CliError(f"{flag} must be NAME:ROW_BYTES[:LAYERS[:HEADS]] with integers (ROW_BYTES "
+                       f"may be A+B for a split page), got {text!r}")
     layers = nums[1] if len(nums) > 1 else default_layers
     heads = nums[2] if len(nums) > 2 else 1
-    return CacheSpec(parts[0], nums[0], layers, heads)
+    return CacheSpec(parts[0], nums[0], layers, heads, split=split)
 
 
 # ---- layout ---------------------------------------------------------------------------------
@@ -240,8 +249,12 @@ def cmd_capacity(args: argparse.Namespace) -> None:
 
 # ---- demo -----------------------------------------------------------------------------------
 def cmd_demo(args: argparse.Namespace) -> None:
+    if args.model == "llama":  # checked before anything is printed
+        import importlib.util
+        if importlib.util.find_spec("transformers") is None:
+            raise CliError("--model llama needs transformers (pip install transformers==5.23.0)")
     from .demo import run_demo
-    run_demo(device=args.device, num_tokens=args.tokens)
+    run_demo(device=args.device, num_tokens=args.tokens, model=args.model)
 
 
 # ---- parser ---------------------------------------------------------------------------------
@@ -253,14 +266,15 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m kvcache_ext", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", metavar="{layout,capacity,demo}", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", metavar="{layout,capacity,demo,transfer}",
+                           parser_class=_Parser)
 
     lay = sub.add_parser("layout", help="views table, byte map and address walk of a plan")
     lay.add_argument("--layout", action="append", type=layout_name,
                      help=f"one of {', '.join(LAYOUTS)}; repeat to compare (default: BLHNC)")
     lay.add_argument("--spec", action="append",
-                     help="NAME:ROW_BYTES[:LAYERS[:HEADS]], repeatable (default: mla:656 and "
-                          "indexer:132)")
+                     help="NAME:ROW_BYTES[:LAYERS[:HEADS]], repeatable; ROW_BYTES A+B is a "
+                          "split page, e.g. indexer:128+4 (default: mla:656 and indexer:132)")
     lay.add_argument("--layers", type=positive_int, default=2,
                      help="layers of specs that give none (default: %(default)s)")
     lay.add_argument("--block-size", type=positive_int, default=64,
@@ -314,14 +328,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="size one rank's pool for this many GiB (default: none)")
     c.set_defaults(func=cmd_capacity)
 
-    d = sub.add_parser("demo", help="plan, write and read the DSA pair; check and time it")
+    d = sub.add_parser("demo", help="plan, write and read the DSA pair; check and time it; "
+                                     "run a model on the cache")
     d.add_argument("--device", type=device_name,
                    default="cuda" if torch.cuda.is_available() else "cpu",
                    help="cpu or cuda[:N] (default: cuda when available, else cpu; here "
                         "%(default)s)")
     d.add_argument("--tokens", type=positive_int, default=4096,
                    help="tokens written, split over three requests (default: %(default)s)")
+    d.add_argument("--model", choices=("dsa", "llama"), default="dsa",
+                   help="model run on the cache after the checks: dsa (DeepSeek sparse attention "
+                        "from the cache ops) or llama (a tiny transformers Llama on "
+                        "kvcache_ext.hf.PagedCache; needs transformers) (default: %(default)s)")
     d.set_defaults(func=cmd_demo)
+
+    from .cli_transfer import add_parser as add_transfer
+    add_transfer(sub)
     return p
 
 

@@ -27,6 +27,9 @@ class CacheSpec:
     row_bytes: int
     num_layers: int = 1
     num_heads: int = 1
+    # (a, b): a page holds the first a bytes of every token, then the last b bytes of every
+    # token (the indexer's "split" placement is (128, 4)); None: token rows one after another.
+    split: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -35,6 +38,19 @@ class CacheSpec:
             value = getattr(self, arg)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"CacheSpec.{arg} must be a positive int, got {value!r}")
+        if self.split is not None:
+            split = self.split
+            if (not isinstance(split, (tuple, list)) or len(split) != 2
+                    or any(isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in split)):
+                raise ValueError(f"CacheSpec.split must be None or two positive ints (a, b), got "
+                                 f"{split!r}")
+            if split[0] + split[1] != self.row_bytes:
+                raise ValueError(f"CacheSpec.split {tuple(split)} must add up to row_bytes = "
+                                 f"{self.row_bytes} (spec {self.name!r})")
+            if self.num_heads != 1:
+                raise ValueError(f"CacheSpec.split needs num_heads == 1 (a split page is one "
+                                 f"head's), got num_heads = {self.num_heads} (spec {self.name!r})")
+            object.__setattr__(self, "split", (int(split[0]), int(split[1])))
 
 
 @dataclass(frozen=True)

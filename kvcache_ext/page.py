@@ -155,7 +155,7 @@ to the slot and marks the row's bytes in the map.</p>
 <th>row bytes</th></tr></thead><tbody></tbody></table>
 <h2>Views</h2>
 <table id="views"><thead><tr><th>spec</th><th>L</th><th>H</th><th>offset</th><th>layer_stride</th>
-<th>block_stride</th><th>head_stride</th><th>token_stride</th><th>row</th><th>page</th></tr></thead>
+<th>block_stride</th><th>head_stride</th><th>token_stride</th><th>row</th><th>page</th><th>split</th></tr></thead>
 <tbody></tbody></table>
 <h2>Memory map</h2>
 <div id="maps">__MAPS__</div>
@@ -235,7 +235,8 @@ function update() {
   for (const s of plan.specs) {
     const tr = views.insertRow();
     for (const v of [s.name, s.num_layers, s.num_heads, s.offset, s.layer_stride, s.block_stride,
-                     s.head_stride, s.token_stride, s.row_bytes, s.page_bytes]) tr.insertCell().textContent = String(v);
+                     s.head_stride, s.token_stride, s.row_bytes, s.page_bytes,
+                     s.split ? `${s.split[0]}+${s.split[1]}` : "-"]) tr.insertCell().textContent = String(v);
   }
   document.querySelectorAll(".map-wrap").forEach((wrap, i) => {
     wrap.style.display = (state.side || i === state.plan) ? "" : "none";

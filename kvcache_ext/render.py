@@ -100,6 +100,7 @@ def plan_data(plan: CachePlan) -> dict:
         "specs": [
             {"name": s.name, "row_bytes": s.row_bytes, "num_layers": s.num_layers,
              "num_heads": s.num_heads, "page_bytes": plan.page_bytes(s.name),
+             "split": list(s.split) if s.split else None,
              **{k: v for k, v in asdict(plan.tensor(s.name)).items()
                 if k in ("offset", "layer_stride", "block_stride", "head_stride", "token_stride")}}
             for s in plan.specs
@@ -116,16 +117,35 @@ def _table(headers: list[str], rows: list[list[object]]) -> list[str]:
     return [fmt(cells[0]), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells[1:]]
 
 
+def split_text(split: tuple[int, int] | None) -> str:
+    """A split page's two parts, "128+4" (first part of every token, then the second)."""
+    return "-" if split is None else f"{split[0]}+{split[1]}"
+
+
 def views_table(plan: CachePlan) -> list[str]:
+    """The plan's views; a `split` column appears when some spec has split pages."""
+    with_split = any(s.split for s in plan.specs)
     rows = []
     for s in plan.specs:
         t = plan.tensor(s.name)
         rows.append([s.name, s.num_layers, s.num_heads, t.offset, t.layer_stride, t.block_stride,
-                     t.head_stride, t.token_stride, s.row_bytes, plan.page_bytes(s.name)])
+                     t.head_stride, t.token_stride, s.row_bytes, plan.page_bytes(s.name)]
+                    + ([split_text(s.split)] if with_split else []))
     head = [f"{plan.layout}: {plan.num_blocks} blocks x {plan.block_size} tokens, "
             f"{plan.total_bytes} bytes"]
     return head + _table(["spec", "L", "H", "offset", "layer_stride", "block_stride",
-                          "head_stride", "token_stride", "row", "page"], rows)
+                          "head_stride", "token_stride", "row", "page"]
+                         + (["split"] if with_split else []), rows)
+
+
+def locate(plan: CachePlan, address: int) -> str:
+    """Which page holds a byte: "mla L1 b5 +1312" (spec, layer[, head], block, byte in page)."""
+    for pg in plan.block_pages():
+        block, within = divmod(address - pg.start, pg.block_stride)
+        if 0 <= block < plan.num_blocks and within < pg.length:
+            head = "" if pg.head is None else f" H{pg.head}"
+            return f"{pg.spec} L{pg.layer}{head} b{block} +{within}"
+    raise IndexError(f"address {address} is outside the plan's {plan.total_bytes} bytes")
 
 
 def _label(r: Region) -> str:
@@ -305,7 +325,8 @@ def map_picture(plan: CachePlan, block_table: list[int], walk: Walk | None = Non
         y += ROW_H
     legend_x = 4.0
     for s in plan.specs:
-        text = (f"{s.name} ({s.row_bytes} B/token, {s.num_layers} layers, {s.num_heads} "
+        split = f" split {split_text(s.split)}" if s.split else ""
+        text = (f"{s.name} ({s.row_bytes} B/token{split}, {s.num_layers} layers, {s.num_heads} "
                 f"head{'s' if s.num_heads > 1 else ''})")
         if legend_x > 4 and legend_x + 16 + CHAR_W * len(text) > width:  # wrap the legend
             legend_x, y = 4.0, y + 18

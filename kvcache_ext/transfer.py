@@ -1,64 +1,148 @@
-"""Whole-block copies between two caches of one plan (offload, prefix reuse, KV transfer).
+"""Moving cache bytes between two caches in one process: copy_spans executes a span list,
+copy_blocks copies whole blocks between any two plans of one block size (SPEC 8).
 
-A block's bytes are its pages (CachePlan.block_pages); adjacent pages merge, so a block is one
-span in block-outer layouts and one per (spec, layer) -- (spec, layer, head) in LHBNC -- in
-layer-outer ones. Runs of consecutive blocks whose spans continue in both caches are coalesced.
+The spans come from a TransferPlan (transfer_plan.py): both plans enumerate the same logical
+bytes, and the spans covering them are merged wherever they continue in both buffers -- one
+span per run of consecutive blocks between block-outer plans, one per (spec, layer) page (per
+head in head-major layouts) between layer-outer ones.
+
+Execution is one call of the op `copy_spans`: a parallel loop on the CPU, one batched operation
+on the current stream when a GPU is involved (never one API call per span). GPU copies are
+asynchronous: `CopyStats.event` is a CUDA event recorded on the current stream after the copy,
+and the CopyStats holds both buffers, so pinned host memory stays alive while the caller keeps
+the stats (wait on `stats.event`, or call `stats.synchronize()`, before dropping it or reusing
+the memory). On the CPU the copy has finished when copy_spans returns and `event` is None.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ._ext import ops as _ops
 from .cache import KVCache
 from .layout import CachePlan
+from .transfer_plan import TransferPlan
 
 
 @dataclass(frozen=True)
 class CopyStats:
-    blocks: int
-    spans: int   # memcpy calls issued
+    blocks: int          # blocks copied (copy_blocks); 0 for copy_spans
+    spans: int           # spans in the one batched copy
     bytes: int
+    event: object = field(default=None, compare=False)  # torch.cuda.Event, or None on the CPU
+    buffers: tuple = field(default=(), repr=False, compare=False)  # kept alive with the stats
+
+    def synchronize(self) -> None:
+        """Block until the copy has finished (a no-op on the CPU)."""
+        if self.event is not None:
+            self.event.synchronize()
+
+    def done(self) -> bool:
+        return self.event is None or bool(self.event.query())
 
 
 def block_spans(plan: CachePlan, block_mapping: torch.Tensor) -> torch.Tensor:
-    """int64 [S, 3] (src offset, dst offset, length) covering every (src, dst) block pair."""
-    mapping = _check_mapping(plan, block_mapping)
-    if mapping.shape[0] == 0:
-        return torch.zeros(0, 3, dtype=torch.int64)
-    pieces = torch.tensor([(pg.start, pg.length, pg.block_stride) for pg in plan.block_pages()],
-                          dtype=torch.int64)  # [P, 3]: start in block 0, length, block stride
-    start, length, stride = pieces[:, 0], pieces[:, 1], pieces[:, 2]
-    src = (start[None, :] + mapping[:, :1] * stride[None, :]).reshape(-1)
-    dst = (start[None, :] + mapping[:, 1:] * stride[None, :]).reshape(-1)
-    lens = length.repeat(mapping.shape[0])
-    order = torch.argsort(src, stable=True)
-    src, dst, lens = src[order], dst[order], lens[order]
-    # A span continues the previous one when it starts where that ended, in both buffers.
-    cont = torch.zeros_like(src, dtype=torch.bool)
-    cont[1:] = (src[1:] == src[:-1] + lens[:-1]) & (dst[1:] == dst[:-1] + lens[:-1])
-    run = torch.cumsum(~cont, 0) - 1
-    n = int(run[-1]) + 1
-    first = torch.nonzero(~cont).squeeze(1)
-    total = torch.zeros(n, dtype=torch.int64).index_add_(0, run, lens)
-    return torch.stack([src[first], dst[first], total], dim=1).contiguous()
+    """int64 [S, 3] (src offset, dst offset, length) covering every (src, dst) block pair of one
+    plan: the shortcut for TransferPlan(plan, plan).block_spans(block_mapping)."""
+    return TransferPlan(plan, plan).block_spans(block_mapping, arg="block_mapping")
+
+
+def as_spans(spans: torch.Tensor, arg: str = "spans") -> torch.Tensor:
+    """spans as the op takes them: a contiguous int64 CPU tensor [S, 3]."""
+    if not isinstance(spans, torch.Tensor) or spans.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{arg} must be an int64 tensor [S, 3] (src_offset, dst_offset, length)")
+    if spans.dim() != 2 or spans.shape[1] != 3:
+        raise ValueError(f"{arg} must be [S, 3] (src_offset, dst_offset, length), got shape "
+                         f"{tuple(spans.shape)}")
+    return spans.to("cpu", torch.int64).contiguous()
+
+
+def check_spans(spans: torch.Tensor, src_bytes: int, dst_bytes: int,
+                same_buffer: bool = False, arg: str = "spans") -> None:
+    """What the op checks, in Python (for NIXL transfers, which bypass the op): every span
+    inside both buffers with a length > 0, no two destinations overlapping, and, within one
+    buffer, no destination over a source. IndexError / ValueError name the span."""
+    if spans.shape[0] == 0:
+        return
+    src, dst, n = spans[:, 0], spans[:, 1], spans[:, 2]
+    for what, bad in (("length must be > 0", n <= 0),
+                      (f"source range must lie in [0, {src_bytes})", (src < 0) | (src + n > src_bytes)),
+                      (f"destination range must lie in [0, {dst_bytes})",
+                       (dst < 0) | (dst + n > dst_bytes))):
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            err = ValueError if what.startswith("length") else IndexError
+            raise err(f"{arg}[{i}] = {spans[i].tolist()}: {what}")
+    order = torch.argsort(dst)
+    d, e = dst[order], (dst + n)[order]
+    clash = d[1:] < e[:-1]
+    if bool(clash.any()):
+        j = int(torch.nonzero(clash)[0])
+        a, b = sorted((int(order[j]), int(order[j + 1])))
+        raise ValueError(f"{arg}[{a}] and {arg}[{b}] write overlapping destination bytes")
+    if same_buffer:  # a destination range that intersects any source range
+        s_order = torch.argsort(src)
+        s, s_end = src[s_order], (src + n)[s_order]
+        prefix_end = torch.cummax(s_end, 0).values
+        # for each destination [d, e): the last source starting before e must end <= d
+        k = torch.searchsorted(s, dst + n, side="left") - 1
+        hit = (k >= 0) & (prefix_end[k.clamp(min=0)] > dst)
+        if bool(hit.any()):
+            i = int(torch.nonzero(hit)[0])
+            raise ValueError(f"{arg}[{i}] writes bytes that a span of the same call reads "
+                             f"(one buffer: destinations must not overlap sources)")
+
+
+def copy_spans(src_cache: KVCache, dst_cache: KVCache, spans: torch.Tensor) -> CopyStats:
+    """Copy span i: src_cache.buffer[src_offset : +length] -> dst_cache.buffer[dst_offset : ...].
+
+    One call of the op: CPU<->CPU (parallel), GPU<->GPU or GPU<->pinned CPU (one batched
+    operation on the current stream, asynchronous; see the module docstring for CopyStats.event
+    and for keeping pinned memory alive). Overlapping destinations, or a destination over a
+    source of the same call in one buffer, raise ValueError before anything is copied.
+    """
+    for arg, c in (("src_cache", src_cache), ("dst_cache", dst_cache)):
+        if not isinstance(c, KVCache):
+            raise TypeError(f"{arg} must be a KVCache, got {type(c).__name__}")
+    spans = as_spans(spans)
+    return _execute(src_cache.buffer, dst_cache.buffer, spans, blocks=0)
+
+
+def _execute(src: torch.Tensor, dst: torch.Tensor, spans: torch.Tensor, blocks: int) -> CopyStats:
+    _ops.copy_spans(src, dst, spans)
+    event = None
+    gpu = src if src.is_cuda else dst if dst.is_cuda else None
+    if gpu is not None:
+        stream = torch.cuda.current_stream(gpu.device)
+        for b in (src, dst):
+            if b.is_cuda:
+                b.record_stream(stream)  # the caching allocator waits for the copy before reuse
+        event = torch.cuda.Event()
+        event.record(stream)
+    return CopyStats(blocks=blocks, spans=int(spans.shape[0]),
+                     bytes=int(spans[:, 2].sum()) if spans.numel() else 0,
+                     event=event, buffers=(src, dst) if gpu is not None else ())
 
 
 def copy_blocks(src: KVCache, dst: KVCache, block_mapping: torch.Tensor) -> CopyStats:
-    """Copy blocks src[block_mapping[i, 0]] -> dst[block_mapping[i, 1]], every spec and layer.
-
-    GPU<->GPU, GPU<->CPU (pinned for asynchrony) or CPU<->CPU; asynchronous on the current
-    stream when a GPU is involved.
-    """
-    if src.plan != dst.plan:
-        raise ValueError("src and dst must share one plan (same specs, blocks, layout)")
-    mapping = _check_mapping(src.plan, block_mapping)
-    _check_pairs(mapping, same_buffer=_shares_memory(src.buffer, dst.buffer))
-    spans = block_spans(src.plan, block_mapping)
-    _ops.copy_spans(src.buffer, dst.buffer, spans)
-    return CopyStats(blocks=int(block_mapping.shape[0]), spans=int(spans.shape[0]),
-                     bytes=int(spans[:, 2].sum()))
+    """Copy blocks src[block_mapping[i, 0]] -> dst[block_mapping[i, 1]], every spec and layer
+    of dst's plan (each must be in src's plan), between any layouts and numbers of blocks of one
+    block size. GPU<->GPU, GPU<->CPU (pinned for asynchrony) or CPU<->CPU, as copy_spans."""
+    if src.plan.block_size != dst.plan.block_size:
+        raise ValueError(f"copy_blocks needs equal block sizes, got {src.plan.block_size} (src) "
+                         f"and {dst.plan.block_size} (dst): move tokens with "
+                         f"TransferPlan(src.plan, dst.plan).token_spans(...) and copy_spans")
+    xp = TransferPlan(src.plan, dst.plan)
+    spans = xp.block_spans(block_mapping, arg="block_mapping")
+    if _shares_memory(src.buffer, dst.buffer):
+        mapping = block_mapping.to("cpu", torch.int64)
+        both = torch.isin(mapping[:, 1], mapping[:, 0])
+        if src.plan == dst.plan and bool(both.any()):
+            i = int(torch.nonzero(both)[0])
+            raise ValueError(f"block_mapping[{i}] writes block {int(mapping[i, 1])}, which another "
+                             f"pair reads: within one cache the destinations must not be sources")
+    return _execute(src.buffer, dst.buffer, spans, blocks=int(block_mapping.shape[0]))
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -66,33 +150,3 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     a0, b0 = a.data_ptr(), b.data_ptr()
     return a0 < b0 + b.numel() and b0 < a0 + a.numel()
-
-
-def _check_pairs(mapping: torch.Tensor, same_buffer: bool) -> None:
-    """No two pairs with one destination; within one buffer, no destination that is also a
-    source (chained pairs like [[0, 1], [1, 2]] would depend on the copy order)."""
-    dst = mapping[:, 1]
-    values, counts = torch.unique(dst, return_counts=True)
-    if bool((counts > 1).any()):
-        b = int(values[counts > 1][0])
-        rows = torch.nonzero(dst == b).squeeze(1)[:2].tolist()
-        raise ValueError(f"block_mapping rows {rows[0]} and {rows[1]} both copy into block {b}")
-    if same_buffer:
-        both = torch.isin(dst, mapping[:, 0])
-        if bool(both.any()):
-            i = int(torch.nonzero(both)[0])
-            raise ValueError(f"block_mapping[{i}] writes block {int(dst[i])}, which another pair "
-                             f"reads: within one cache the destinations must not be sources")
-
-
-def _check_mapping(plan: CachePlan, block_mapping: torch.Tensor) -> torch.Tensor:
-    if not isinstance(block_mapping, torch.Tensor) or block_mapping.dtype not in (torch.int64,
-                                                                                  torch.int32):
-        raise TypeError("block_mapping must be an int64 (or int32) tensor [M, 2]")
-    if block_mapping.dim() != 2 or block_mapping.shape[1] != 2:
-        raise ValueError(f"block_mapping must be [M, 2] (src, dst), got shape "
-                         f"{tuple(block_mapping.shape)}")
-    mapping = block_mapping.to("cpu", torch.int64)
-    if mapping.numel() and (int(mapping.min()) < 0 or int(mapping.max()) >= plan.num_blocks):
-        raise IndexError(f"block_mapping entries must be in [0, num_blocks = {plan.num_blocks})")
-    return mapping

@@ -88,14 +88,15 @@ def test_no_subcommand_prints_usage_and_exits_2():
                        timeout=120)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("usage: python -m kvcache_ext")
-    assert all(re.search(rf"^\s+{c}\s+\w", r.stderr, re.M) for c in ("layout", "capacity", "demo"))
+    assert all(re.search(rf"^\s+{c}\s+\w", r.stderr, re.M) for c in ("layout", "capacity", "demo",
+                                                                    "transfer"))
 
 
 # ---- help -----------------------------------------------------------------------------------
 def test_every_option_has_help_showing_its_default():
     parser = cli.build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert set(subs.choices) == {"layout", "capacity", "demo"}
+    assert set(subs.choices) == {"layout", "capacity", "demo", "transfer"}
     for name, sub in subs.choices.items():
         sub.format_help()  # every help string formats
         for action in sub._actions:

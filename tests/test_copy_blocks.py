@@ -6,9 +6,18 @@ import torch
 
 import kvcache_ext as kvc
 
-from conftest import guarded
+from conftest import GUARD, guarded
 
 SPECS = [kvc.CacheSpec("mla", 656, 3), kvc.CacheSpec("indexer", 132, 3), kvc.CacheSpec("kv", 16, 2, 4)]
+
+
+def guarded_for(plan: kvc.CachePlan, dev: str, seed: int, pin: bool):
+    """A guarded cache; a CPU one in pinned memory when a GPU takes part (GPU copies need it)."""
+    g = guarded(plan, dev, seed=seed)
+    if pin and dev == "cpu":
+        g.whole = g.whole.pin_memory()
+        g.cache = kvc.KVCache(plan, g.whole[GUARD:GUARD + plan.total_bytes])
+    return g
 
 
 def expected_copy(src: kvc.KVCache, dst_before: torch.Tensor, mapping: torch.Tensor) -> torch.Tensor:
@@ -26,7 +35,8 @@ def expected_copy(src: kvc.KVCache, dst_before: torch.Tensor, mapping: torch.Ten
 def test_copy_blocks(device, layout, route):
     plan = kvc.plan_cache(SPECS, num_blocks=12, block_size=16, layout=layout)
     devs = {"same": (device, device), "to_cpu": (device, "cpu"), "from_cpu": ("cpu", device)}[route]
-    src, dst = guarded(plan, devs[0], seed=1), guarded(plan, devs[1], seed=2)
+    gpu = "cuda" in devs
+    src, dst = guarded_for(plan, devs[0], 1, gpu), guarded_for(plan, devs[1], 2, gpu)
     mapping = torch.tensor([[0, 5], [1, 6], [2, 7], [9, 1], [4, 11], [11, 0]])
     want = expected_copy(src.expected, dst.expected.buffer, mapping)
     stats = kvc.copy_blocks(src.cache, dst.cache, mapping)
@@ -62,9 +72,35 @@ def test_bad_mapping():
         kvc.copy_blocks(a, b, torch.tensor([0, 1]))
     with pytest.raises(TypeError, match="block_mapping"):
         kvc.copy_blocks(a, b, torch.tensor([[0.0, 1.0]]))
-    other = kvc.allocate(kvc.plan_cache(SPECS, num_blocks=5, block_size=16), fill=0)
-    with pytest.raises(ValueError, match="same plan|share one plan"):
+    with pytest.raises(ValueError, match="both copy into block 1"):
+        kvc.copy_blocks(a, b, torch.tensor([[0, 1], [2, 1]]))
+    other = kvc.allocate(kvc.plan_cache(SPECS, num_blocks=5, block_size=8), fill=0)
+    with pytest.raises(ValueError, match="equal block sizes.*token_spans"):
         kvc.copy_blocks(a, other, torch.tensor([[0, 1]]))
+    fewer = kvc.allocate(kvc.plan_cache(SPECS[:2], num_blocks=5, block_size=16), fill=0)
+    with pytest.raises(ValueError, match="spec 'kv' is not in src_plan"):
+        kvc.copy_blocks(fewer, a, torch.tensor([[0, 1]]))
     assert torch.all(b.buffer == 1)
     with pytest.raises(IndexError, match="spans"):
         kvc.ops._ops.copy_spans(a.buffer, b.buffer, torch.tensor([[0, plan.total_bytes - 4, 8]]))
+
+
+@pytest.mark.parametrize("src_layout,dst_layout", [("BLHNC", "LBNHC"), ("LHBNC", "BHLNC"),
+                                                   ("LBNHC", "BLNHC")])
+def test_copy_blocks_between_plans(device, src_layout, dst_layout):
+    """Any two plans of one block size: other layouts, other numbers of blocks, and a
+    destination that holds a subset of the source's specs."""
+    src_plan = kvc.plan_cache(SPECS, num_blocks=12, block_size=16, layout=src_layout)
+    dst_plan = kvc.plan_cache(SPECS[::-1][:2], num_blocks=7, block_size=16, layout=dst_layout)
+    gpu = device != "cpu"
+    src, dst = guarded_for(src_plan, device, 3, gpu), guarded_for(dst_plan, "cpu", 4, gpu)
+    mapping = torch.tensor([[11, 0], [3, 6], [4, 2]])
+    stats = kvc.copy_blocks(src.cache, dst.cache, mapping)
+    stats.synchronize()
+    for s in dst_plan.specs:
+        for layer in range(s.num_layers):
+            want = src.expected.view(s.name, layer)[mapping[:, 0]]
+            dst.expected.view(s.name, layer)[mapping[:, 1]] = want
+    dst.assert_matches()
+    assert stats.blocks == 3 and stats.bytes == 3 * dst_plan.total_bytes // 7
+    assert (stats.event is None) == (device == "cpu")

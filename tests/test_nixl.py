@@ -1,0 +1,182 @@
+"""NIXL between two processes (SPEC 8): a DSA request BLHNC/64 -> LBNHC/16 and back, checked
+through the gathers; a large read that the owner makes no call for; bad input, a timeout and a
+peer that has gone away raise clear errors, and every wait is bounded.
+
+The peer is a "spawn" process (tests/nixl_peer.py) on 127.0.0.1 (UCX_NET_DEVICES=lo). Without
+nixl these tests skip, unless KVC_REQUIRE_NIXL=1 (CI), where a missing nixl fails."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+
+import kvcache_ext as kvc  # noqa: E402
+
+try:
+    import kvcache_ext.nixl as kn  # noqa: E402
+except ImportError as e:  # pragma: no cover
+    if os.environ.get("KVC_REQUIRE_NIXL") == "1":
+        raise
+    pytest.skip(f"nixl is not installed ({e}); pip install nixl==1.5.1", allow_module_level=True)
+
+import nixl_peer as P  # noqa: E402
+
+WAIT_S = 20      # every wait of a transfer that should finish
+START_S = 120    # the peer process's start (imports torch and nixl)
+
+
+def reply(peer, kind: str, timeout_s: float = WAIT_S):
+    """The peer's next reply, or a clear failure if it died or went silent."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            msg = peer.replies.get(timeout=0.5)
+        except queue.Empty:
+            if not peer.proc.is_alive():
+                pytest.fail(f"the peer process died (exit code {peer.proc.exitcode})")
+            continue
+        assert msg[0] == kind, msg
+        return msg
+    pytest.fail(f"no {kind!r} reply from the peer within {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def peer():
+    ctx = mp.get_context("spawn")
+    commands, replies = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=P.serve, args=(commands, replies), daemon=True)
+    proc.start()
+    p = SimpleNamespace(proc=proc, commands=commands, replies=replies)
+    try:
+        _, p.blob, p.still_blob, p.gathers = reply(p, "ready", START_S)
+        yield p
+    finally:
+        if proc.is_alive():
+            commands.put(("exit",))
+            proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+
+
+@pytest.fixture(scope="module")
+def reader():
+    plan = kvc.plan_cache(P.specs(), 4 * P.NUM_BLOCKS, 16, "LBNHC")
+    with kn.Endpoint("reader", kvc.allocate(plan, fill=0)) as ep:
+        yield ep
+
+
+def peer_of(ep, blob):
+    return ep.peers.get("owner") or ep.add_peer(blob)
+
+
+def assert_gathers_equal(got, want):
+    for g, w in zip(got, want):
+        for a, b in zip(g, w):
+            assert torch.equal(a, b)
+
+
+def test_request_round_trip(peer, reader):
+    owner = peer_of(reader, peer.blob)
+    assert owner.name == "owner" and owner.plan.layout == "BLHNC" and owner.plan.block_size == 64
+    b_table = torch.tensor([37, 2, 901, 14, 15, 600, 333, 8, 1000, 77], dtype=torch.int32)
+    a_table = torch.tensor(P.TABLE, dtype=torch.int32)
+    there = kvc.TransferPlan(owner.plan, reader.plan).token_spans(a_table, b_table, P.TOKENS)
+    assert there.shape[0] == 10 * P.LAYERS * 3  # 10 runs of <= 16 tokens: mla, codes, scales
+    h = reader.read(owner, there)
+    h.wait(WAIT_S)
+    assert h.done() and h.bytes == P.TOKENS * P.LAYERS * 788
+    assert_gathers_equal(P.gathers(reader.cache, b_table.tolist()), peer.gathers)
+    back = kvc.TransferPlan(reader.plan, owner.plan).token_spans(
+        b_table, torch.tensor(P.BACK_TABLE, dtype=torch.int32), P.TOKENS)
+    reader.write(owner, back).wait(WAIT_S)
+    peer.commands.put(("check_back",))
+    assert reply(peer, "checked")[1] is True
+
+
+def test_large_read_needs_no_call_from_the_owner(peer, reader):
+    """25 MB (the owner's whole cache) while the owner only waits on a queue; from an Endpoint
+    without a poller the same read cannot finish: wait() raises TimeoutError, bounded."""
+    owner = peer_of(reader, peer.blob)
+    src_t = torch.arange(P.NUM_BLOCKS, dtype=torch.int32)
+    dst_t = torch.randperm(4 * P.NUM_BLOCKS, generator=torch.Generator().manual_seed(0))
+    dst_t = dst_t.to(torch.int32)
+    xp = kvc.TransferPlan(owner.plan, reader.plan)
+    spans = xp.token_spans(src_t, dst_t, P.NUM_BLOCKS * 64)
+    t0 = time.monotonic()
+    reader.read(owner, spans).wait(WAIT_S)
+    assert time.monotonic() - t0 < WAIT_S
+    mapped = [int(dst_t[4 * b + j]) for b in P.TABLE for j in range(4)]
+    assert_gathers_equal(P.gathers(reader.cache, mapped), peer.gathers)
+
+    still = reader.add_peer(peer.still_blob)
+    h = reader.read(still, spans)
+    with pytest.raises(TimeoutError, match="not finished after 1.5 s"):
+        h.wait(1.5)
+    h.cancel()
+    reader.remove_peer(still)
+
+
+def test_bad_input(peer, reader):
+    owner = peer_of(reader, peer.blob)
+    with pytest.raises(ValueError, match="not kvcache_ext.nixl metadata"):
+        reader.add_peer(b"not metadata")
+    with pytest.raises(ValueError, match="not valid kvcache_ext.nixl metadata"):
+        reader.add_peer(peer.blob[:12] + b"X" + peer.blob[13:])
+    with pytest.raises(IndexError, match=r"spans\[1\].*source range"):
+        reader.read(owner, torch.tensor([[0, 0, 8], [owner.nbytes - 4, 64, 8]]))
+    with pytest.raises(IndexError, match=r"spans\[0\].*destination range"):
+        reader.write(owner, torch.tensor([[0, owner.nbytes, 1]]))
+    with pytest.raises(ValueError, match="overlapping"):
+        reader.read(owner, torch.tensor([[0, 0, 8], [64, 4, 8]]))
+    stranger = kn.Peer("stranger", owner.plan, 0, owner.nbytes, "DRAM", 0)
+    with pytest.raises(ValueError, match="add_peer"):
+        reader.read(stranger, torch.tensor([[0, 0, 8]]))
+    other = kvc.plan_cache([kvc.CacheSpec("mla", 576, P.LAYERS)], 4, 64, "BLHNC")
+    with pytest.raises(ValueError, match="differs in row_bytes"):
+        kvc.TransferPlan(owner.plan, other)
+    h = reader.read(owner, torch.tensor([[0, 0, 8]]))
+    with pytest.raises(ValueError, match="timeout_s"):
+        h.wait(-1)
+    h.wait(WAIT_S)
+    assert reader.read(owner, torch.zeros(0, 3, dtype=torch.int64)).done()
+    plan = kvc.plan_cache(P.specs(), 2, 64, "BLHNC")
+    closed = kn.Endpoint("closed", kvc.allocate(plan, fill=0))
+    closed.close()
+    with pytest.raises(ValueError, match="closed"):
+        closed.metadata()
+
+
+def test_peer_gone_raises(peer, reader):
+    """The peer process ends without closing anything: the next read raises (PeerGoneError or
+    a NIXL error), or times out -- within a bounded time, never a hang. Runs last."""
+    owner = peer_of(reader, peer.blob)
+    peer.commands.put(("die",))
+    peer.proc.join(WAIT_S)
+    assert not peer.proc.is_alive()
+    spans = kvc.TransferPlan(owner.plan, reader.plan).token_spans(
+        torch.arange(8, dtype=torch.int32), torch.arange(32, dtype=torch.int32), 512)
+    t0 = time.monotonic()
+    with pytest.raises((kn.PeerGoneError, kn.NixlError, TimeoutError)) as err:
+        reader.read(owner, spans).wait(5)
+    assert time.monotonic() - t0 < 10
+    print("peer gone:", type(err.value).__name__, err.value)
+
+
+def test_import_kvcache_ext_does_not_import_nixl():
+    code = ("import os, sys; os.environ.pop('UCX_MODULES', None); import kvcache_ext as kvc; "
+            "assert 'nixl' not in sys.modules and 'kvcache_ext.nixl' not in sys.modules; "
+            "kvc.nixl.Endpoint; assert os.environ['UCX_MODULES'] == '^ib'; print('ok')")
+    env = {k: v for k, v in os.environ.items() if k != "UCX_MODULES"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
