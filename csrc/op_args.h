@@ -41,7 +41,7 @@ IndexerGatherParams indexer_gather_args(const at::Tensor& view, const GatherSour
                                         std::string_view placement, const at::Tensor& codes,
                                         const at::Tensor& scales);
 
-// Host-side checks that read tensor values. They take CPU tensors (the CUDA backend copies
+// Host-side checks that read tensor values (op_checks.cpp). They take CPU tensors (the CUDA backend copies
 // the small metadata tensors first) and run before anything is written.
 void check_slots_in_range(const at::Tensor& slot_mapping, int64_t num_tokens, const PagedView& v,
                           const char* arg = "slot_mapping", bool allow_negative = true);

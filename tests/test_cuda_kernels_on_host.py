@@ -30,7 +30,8 @@ def simt():
     build = ROOT / "build" / "simt_host"
     build.mkdir(parents=True, exist_ok=True)
     return load(name="kvc_simt_host",
-                sources=[str(ROOT / "tests/simt/simt_ops.cpp"), str(ROOT / "csrc/op_args.cpp")],
+                sources=[str(ROOT / "tests/simt/simt_ops.cpp"), str(ROOT / "csrc/op_args.cpp"),
+                         str(ROOT / "csrc/op_checks.cpp")],
                 extra_include_paths=[str(ROOT / "csrc"), str(ROOT / "tests/simt")],
                 extra_cflags=["-O1", "-std=c++20", "-ffp-contract=off", "-fno-trapping-math"],
                 build_directory=str(build), verbose=False)
