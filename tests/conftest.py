@@ -73,3 +73,19 @@ def random_slots(num_tokens: int, num_slots: int, seed: int = 0, pad_every: int 
     if pad_every:
         slots[::pad_every] = -1
     return slots
+
+
+def requests(block_size: int, num_blocks: int, lens: list[int], seed: int = 0):
+    """A shuffled block table for requests of the given lengths, and their cu_seq_lens."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-n // block_size) for n in lens]
+    width = max(need + [1])
+    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    assert sum(need) <= num_blocks
+    table = torch.full((len(lens), width), -1, dtype=torch.int32)  # unused entries are invalid
+    at = 0
+    for r, n in enumerate(need):
+        table[r, :n] = perm[at:at + n]
+        at += n
+    cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
+    return table, cu

@@ -7,29 +7,13 @@ import torch
 import kvcache_ext as kvc
 from kvcache_ext import reference as ref
 
-from conftest import dsa_plan, guarded
+from conftest import dsa_plan, guarded, requests
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
     """Compare floats by their bits (NaN patterns are canonical in both paths)."""
     t = t.cpu().contiguous()
     return t.view({2: torch.int16, 4: torch.int32, 1: torch.uint8}[t.element_size()])
-
-
-def requests(block_size: int, num_blocks: int, lens: list[int], seed: int = 0):
-    """A shuffled block table for requests of the given lengths, and their cu_seq_lens."""
-    g = torch.Generator().manual_seed(seed)
-    need = [-(-n // block_size) for n in lens]
-    width = max(need + [1])
-    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
-    assert sum(need) <= num_blocks
-    table = torch.full((len(lens), width), -1, dtype=torch.int32)  # unused entries are invalid
-    at = 0
-    for r, n in enumerate(need):
-        table[r, :n] = perm[at:at + n]
-        at += n
-    cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
-    return table, cu
 
 
 def filled(layout: str, block_size: int, num_blocks: int, device: str, seed: int = 0,

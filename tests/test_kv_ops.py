@@ -9,7 +9,7 @@ import torch
 import kvcache_ext as kvc
 from kvcache_ext import reference as ref
 
-from conftest import guarded
+from conftest import guarded, requests
 
 H, D = 3, 40
 
@@ -74,19 +74,6 @@ def test_fp8_rows(device, layout, scale):
     for h in range(H):
         want = ref.e4m3_encode(key[t, h].float() / h_scale[h])
         assert torch.equal(gc.view("k", 0)[b, h, p].cpu(), want)
-
-
-def requests(block_size: int, num_blocks: int, lens: list[int], seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    need = [-(-n // block_size) for n in lens]
-    table = torch.full((len(lens), max(need + [1])), -1, dtype=torch.int32)
-    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
-    at = 0
-    for r, n in enumerate(need):
-        table[r, :n] = perm[at:at + n]
-        at += n
-    cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32)
-    return table, cu
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:

@@ -34,12 +34,27 @@ __device__ __forceinline__ MlaInputs load_mla_fp8(const MlaWriteParams& p, int64
   return in;
 }
 
+// N 16-bit values held in words -> floats.
+template <bool kHalf, int N>
+__device__ __forceinline__ void unpack_words(const uint32_t (&w)[N / 2], float (&x)[N]) {
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) unpack2<kHalf>(w[i], x[2 * i], x[2 * i + 1]);
+}
+
+// e4m3 codes of x / scale (IEEE division), four to a word.
+template <int N>
+__device__ __forceinline__ void encode_words(const float (&x)[N], float scale, uint32_t (&codes)[N / 4]) {
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i)
+    codes[i] = pack4_e4m3(x[4 * i] / scale, x[4 * i + 1] / scale, x[4 * i + 2] / scale,
+                          x[4 * i + 3] / scale);
+}
+
 template <bool kHalf>
 __device__ __forceinline__ void store_mla_fp8(const MlaWriteParams& p, int64_t slot,
                                               MlaInputs& in, int lane) {
   float x[16];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) unpack2<kHalf>(in.latent[i], x[2 * i], x[2 * i + 1]);
+  unpack_words<kHalf, 16>(in.latent, x);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) amax = amax_step(amax, x[i]);
@@ -47,10 +62,7 @@ __device__ __forceinline__ void store_mla_fp8(const MlaWriteParams& p, int64_t s
   if (!p.view.valid_slot(slot)) return;
   uint8_t* row = p.view.row(slot);
   uint32_t codes[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    codes[i] = pack4_e4m3(x[4 * i] / scale, x[4 * i + 1] / scale, x[4 * i + 2] / scale,
-                          x[4 * i + 3] / scale);
+  encode_words<16>(x, scale, codes);
   store_words(row + 16 * lane, codes);
   if (lane % 8 == 0) {
     const uint32_t s[1] = {float_bits(scale)};
@@ -77,20 +89,16 @@ __device__ __forceinline__ void store_mla_fp8_tensor(const MlaWriteParams& p, in
   if (!p.view.valid_slot(slot)) return;
   const float scale = p.scale.get();
   float x[16];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) unpack2<kHalf>(in.latent[i], x[2 * i], x[2 * i + 1]);
+  unpack_words<kHalf, 16>(in.latent, x);
   uint8_t* row = p.view.row(slot);
   uint32_t codes[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    codes[i] = pack4_e4m3(x[4 * i] / scale, x[4 * i + 1] / scale, x[4 * i + 2] / scale,
-                          x[4 * i + 3] / scale);
+  encode_words<16>(x, scale, codes);
   store_words(row + 16 * lane, codes);
   if (lane < 8) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) unpack2<kHalf>(in.rope[i], x[2 * i], x[2 * i + 1]);
-    const uint32_t rope[2] = {pack4_e4m3(x[0] / scale, x[1] / scale, x[2] / scale, x[3] / scale),
-                              pack4_e4m3(x[4] / scale, x[5] / scale, x[6] / scale, x[7] / scale)};
+    float r[8];
+    unpack_words<kHalf, 8>(in.rope, r);
+    uint32_t rope[2];
+    encode_words<8>(r, scale, rope);
     store_words(row + kMlaLatentDim + 8 * lane, rope);
   }
 }
