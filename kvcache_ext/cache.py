@@ -39,8 +39,12 @@ def allocate(plan: CachePlan, device: str | torch.device = "cpu", pin_memory: bo
                              pin_memory=pin_memory)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise MemoryError(f"cannot allocate the plan's {plan.total_bytes} bytes "
-                          f"({plan.total_bytes / 2**30:.2f} GiB) on {device}: {first}") from None
+        text = str(e).lower()
+        oom = (isinstance(e, (MemoryError, torch.OutOfMemoryError)) or "out of memory" in text
+               or "can't allocate" in text or "cannot allocate" in text)
+        err = MemoryError if oom else RuntimeError  # e.g. no driver for the device: not a size problem
+        raise err(f"cannot allocate the plan's {plan.total_bytes} bytes "
+                  f"({plan.total_bytes / 2**30:.2f} GiB) on {device}: {first}") from None
     if fill is not None:
         buffer.fill_(fill)
     return KVCache(plan=plan, buffer=buffer)

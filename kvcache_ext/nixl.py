@@ -122,6 +122,7 @@ class TransferHandle:
         self._ep, self._xfer, self.peer, self.op = ep, xfer, peer, op
         self.spans, self.bytes = spans, nbytes
         self._done = xfer is None
+        self._abandoned = False  # the Endpoint was closed before the transfer finished
 
     def _finish(self) -> None:
         if self._xfer is not None:
@@ -129,6 +130,9 @@ class TransferHandle:
         self._done, self._xfer = True, None
 
     def done(self) -> bool:
+        if self._abandoned:
+            raise NixlError(f"Endpoint {self._ep.name!r} was closed during the {self.op} of "
+                            f"{self.spans} spans with peer {self.peer.name!r}: its bytes are undefined")
         if self._done:
             return True
         state = self._ep._state(self)
@@ -351,7 +355,7 @@ class Endpoint:
                     self._agent.release_xfer_handle(h._xfer)
                 except Exception:
                     pass
-                h._done, h._xfer = True, None
+                h._done, h._xfer, h._abandoned = True, None, True
             self._handles.clear()
             for name in list(self._peers):
                 try:

@@ -109,11 +109,17 @@ def _num_tokens(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torc
                          f"> cu_seq_lens[{r + 1}] = {int(cu[r + 1])}")
     total = int(cu[-1])
     if isinstance(block_table, torch.Tensor) and block_table.dim() == 2 and view.dim() == 4:
-        limit = block_table.shape[0] * block_table.shape[1] * view.shape[2]
+        row = block_table.shape[1] * view.shape[2]  # tokens one block-table row addresses
+        limit = block_table.shape[0] * row
         if total > limit:
             raise ValueError(f"cu_seq_lens[-1] = {total} exceeds what block_table "
                              f"{tuple(block_table.shape)} can address ({limit} tokens of block "
                              f"size {view.shape[2]})")
+        if steps.numel() and int(steps.max()) > row:
+            r = int(torch.argmax(steps))
+            raise ValueError(f"cu_seq_lens: request {r} has {int(steps[r])} tokens, more than "
+                             f"its block_table row addresses ({row} = {block_table.shape[1]} "
+                             f"blocks of {view.shape[2]})")
     return total
 
 

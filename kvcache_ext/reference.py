@@ -287,6 +287,7 @@ def indexer_k_quant_and_cache(k: torch.Tensor, view: torch.Tensor, slot_mapping:
 
 def dsa_write(kv_c, k_pe, mla_view, k_idx, indexer_view, slot_mapping,
               kv_cache_dtype="fp8_ds_mla", scale_fmt=None, placement="row") -> None:
+    _indexer_pages(indexer_view, placement)  # a refused placement raises before any write
     concat_and_cache_mla(kv_c, k_pe, mla_view, slot_mapping, kv_cache_dtype)
     indexer_k_quant_and_cache(k_idx, indexer_view, slot_mapping, scale_fmt, placement)
 

@@ -61,12 +61,13 @@ def as_spans(spans: torch.Tensor, arg: str = "spans") -> torch.Tensor:
 def check_spans(spans: torch.Tensor, src_bytes: int, dst_bytes: int,
                 same_buffer: bool = False, arg: str = "spans") -> None:
     """What the op checks, in Python (for NIXL transfers, which bypass the op): every span
-    inside both buffers with a length > 0, no two destinations overlapping, and, within one
-    buffer, no destination over a source. IndexError / ValueError name the span."""
+    inside both buffers with a length >= 0 (empty spans are ignored, as the copy op does), no two
+    destinations overlapping, and, within one buffer, no destination over a source. IndexError /
+    ValueError name the span."""
     if spans.shape[0] == 0:
         return
     src, dst, n = spans[:, 0], spans[:, 1], spans[:, 2]
-    for what, bad in (("length must be > 0", n <= 0),
+    for what, bad in (("length must be >= 0", n < 0),
                       (f"source range must lie in [0, {src_bytes})", (src < 0) | (src + n > src_bytes)),
                       (f"destination range must lie in [0, {dst_bytes})",
                        (dst < 0) | (dst + n > dst_bytes))):
@@ -74,12 +75,14 @@ def check_spans(spans: torch.Tensor, src_bytes: int, dst_bytes: int,
             i = int(torch.nonzero(bad)[0])
             err = ValueError if what.startswith("length") else IndexError
             raise err(f"{arg}[{i}] = {spans[i].tolist()}: {what}")
+    index = torch.nonzero(n > 0).squeeze(1)  # empty spans overlap nothing
+    src, dst, n = src[index], dst[index], n[index]
     order = torch.argsort(dst)
     d, e = dst[order], (dst + n)[order]
     clash = d[1:] < e[:-1]
     if bool(clash.any()):
         j = int(torch.nonzero(clash)[0])
-        a, b = sorted((int(order[j]), int(order[j + 1])))
+        a, b = sorted((int(index[order[j]]), int(index[order[j + 1]])))
         raise ValueError(f"{arg}[{a}] and {arg}[{b}] write overlapping destination bytes")
     if same_buffer:  # a destination range that intersects any source range
         s_order = torch.argsort(src)
@@ -89,7 +92,7 @@ def check_spans(spans: torch.Tensor, src_bytes: int, dst_bytes: int,
         k = torch.searchsorted(s, dst + n, side="left") - 1
         hit = (k >= 0) & (prefix_end[k.clamp(min=0)] > dst)
         if bool(hit.any()):
-            i = int(torch.nonzero(hit)[0])
+            i = int(index[torch.nonzero(hit)[0]])
             raise ValueError(f"{arg}[{i}] writes bytes that a span of the same call reads "
                              f"(one buffer: destinations must not overlap sources)")
 
@@ -140,8 +143,9 @@ def copy_blocks(src: KVCache, dst: KVCache, block_mapping: torch.Tensor) -> Copy
         both = torch.isin(mapping[:, 1], mapping[:, 0])
         if src.plan == dst.plan and bool(both.any()):
             i = int(torch.nonzero(both)[0])
-            raise ValueError(f"block_mapping[{i}] writes block {int(mapping[i, 1])}, which another "
-                             f"pair reads: within one cache the destinations must not be sources")
+            raise ValueError(f"block_mapping[{i}] writes block {int(mapping[i, 1])}, which a pair "
+                             f"of the same call reads: within one cache the destinations must not "
+                             f"be sources")
     return _execute(src.buffer, dst.buffer, spans, blocks=int(block_mapping.shape[0]))
 
 

@@ -281,7 +281,7 @@ def test_fp32_reads_give_one_nan(device):
 def test_chained_pairs_within_one_cache_are_refused(device):
     plan = dsa_plan("BLHNC", 16, 8)
     gc = guarded(plan, device)
-    with pytest.raises(ValueError, match=r"block_mapping\[1\] writes block 1, which another pair reads"):
+    with pytest.raises(ValueError, match=r"block_mapping\[1\] writes block 1, which a pair of the same call reads"):
         kvc.copy_blocks(gc.cache, gc.cache, torch.tensor([[0, 1], [1, 2]][::-1]))
     with pytest.raises(ValueError, match="both copy into block 3"):
         kvc.copy_blocks(gc.cache, kvc.allocate(plan, device), torch.tensor([[0, 3], [1, 3]]))
@@ -358,3 +358,30 @@ def test_mla_fp8_needs_its_scale_and_row():
         kvc.ops.gather_mla_slots(gc.view("mla", 0), torch.arange(4), "fp8",
                                  scale=torch.tensor([1.0], dtype=torch.float64))
     gc.assert_unchanged()
+
+
+def test_reference_dsa_write_refuses_split_before_writing():
+    gc = guarded(dsa_plan("BLHNC", 16, 4))
+    kv, k = rand(8, 576), rand(8, 128)
+    with pytest.raises(ValueError, match="contiguous pages"):
+        ref.dsa_write(kv[:, :512], kv[:, 512:], gc.expected_view("mla", 0), k,
+                      gc.expected_view("indexer", 0)[:, :, ::2], torch.arange(8), placement="split")
+    gc.assert_unchanged()  # the MLA rows were not written first
+
+
+def test_a_request_longer_than_its_table_row_is_refused_before_allocating(monkeypatch):
+    gc, _, _ = written_cache("cpu")
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)  # 32 tokens per row
+    allocations = []
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: allocations.append(a) or real_empty(*a, **k))
+    with pytest.raises(ValueError, match="cu_seq_lens: request 0 has 40 tokens"):
+        kvc.ops.gather_mla(gc.view("mla", 1), table, torch.tensor([0, 40, 45], dtype=torch.int32))
+    assert allocations == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_allocation_without_a_driver_is_not_called_out_of_memory():
+    with pytest.raises(RuntimeError, match="on cuda") as e:
+        kvc.allocate(dsa_plan("BLHNC", 16, 4), "cuda")
+    assert not isinstance(e.value, MemoryError) and "\n" not in str(e.value)

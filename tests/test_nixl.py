@@ -180,3 +180,22 @@ def test_import_kvcache_ext_does_not_import_nixl():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env=env)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+def test_closing_an_endpoint_fails_its_unfinished_transfers():
+    """A transfer cut short by close() must not look finished: its bytes are undefined."""
+    plan = kvc.plan_cache([kvc.CacheSpec("mla", 656, 2)], 512, 64, "BLHNC")
+    a = kn.Endpoint("closing-a", kvc.allocate(plan, fill=1))
+    b = kn.Endpoint("closing-b", kvc.allocate(plan, fill=0))
+    try:
+        peer = b.add_peer(a.metadata())
+        pairs = torch.stack([torch.arange(512), torch.randperm(512)], 1)
+        h = b.read(peer, kvc.TransferPlan(plan, plan).block_spans(pairs))
+        finished_first = h.done()
+        b.close()
+        if not finished_first:  # 84 MB through loopback: normally still running here
+            with pytest.raises(kn.NixlError, match="was closed during the READ"):
+                h.wait(1)
+    finally:
+        b.close()
+        a.close()

@@ -332,9 +332,13 @@ def test_copy_spans_refuses_overlaps_and_bad_spans():
     for spans, same, err in (([[0, 0, 8], [100, 4, 8]], False, ValueError),
                              ([[0, 64, 8], [60, 1000, 8]], True, ValueError),
                              ([[0, plan.total_bytes - 4, 8]], False, IndexError),
-                             ([[0, 0, 0]], False, ValueError)):
+                             ([[0, 0, -1]], False, ValueError)):
         with pytest.raises(err):
             kvc.check_spans(torch.tensor(spans), plan.total_bytes, plan.total_bytes, same)
+    # empty spans are no copy for either, even inside another span's bytes
+    empty = torch.tensor([[0, 0, 8], [4, 4, 0]])
+    kvc.check_spans(empty, plan.total_bytes, plan.total_bytes, False)
+    kvc.copy_spans(a, b, empty)
     kvc.check_spans(torch.tensor([[0, 64, 8], [72, 1000, 8]]), plan.total_bytes,
                     plan.total_bytes, True)
 

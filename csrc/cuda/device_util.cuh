@@ -170,7 +170,7 @@ __device__ __forceinline__ float amax_step(float m, float x) { return fmaxf(m, f
 __device__ __forceinline__ float exact_recip(float scale) {
   const uint32_t b = float_bits(scale);
   const bool pow2 = (b & 0x7FFFFFu) == 0 && ((b >> 23) & 0xFFu) > 1 && ((b >> 23) & 0xFFu) < 254;
-  return pow2 ? bits_float((254u << 23) - (b & 0x7F800000u)) : 0.0f;
+  return pow2 ? bits_float((b & 0x80000000u) | ((254u << 23) - (b & 0x7F800000u))) : 0.0f;
 }
 
 __device__ __forceinline__ float div_by(float x, float scale, float recip) {
