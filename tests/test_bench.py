@@ -102,17 +102,24 @@ def test_targets_name_the_cases_that_miss():
         return Result(op, "BLHNC", tokens, us, 1000, 1.0, pct, us, 100.0, speedup * us, speedup,
                       None, graph)
 
-    good = [result("a", 16384, 10, 90, 12, False), result("c", 64, 4, 5, 20, True)]
-    assert [t.met for t in targets(good, "cuda")] == [True, True, True]
+    good = [result("a", 16384, 10, 90, 12, False), result("c", 64, 4, 5, 20, True),
+            result("gather_indexer", 16384, 10, 75, 12, False)]  # 132-byte rows: 70% suffices
+    assert [t.met for t in targets(good, "cuda")] == [True, True, True, True]
     bad = good + [result("b", 65536, 10, 80, 9, False), result("d", 16384, 10, 95, 9.5, False),
-                  result("e", 8, 6.5, 1, 30, True)]
-    bandwidth, latency, speedup = targets(bad, "cuda")
+                  result("e", 8, 6.5, 1, 30, True), result("indexer_k_quant_and_cache", 16384, 10, 60, 12, False)]
+    bandwidth, idx_bandwidth, latency, speedup = targets(bad, "cuda")
     assert not bandwidth.met and "b BLHNC T=65536: 80%" in bandwidth.detail and "a BLHNC" not in bandwidth.detail
+    assert "gather_indexer" not in bandwidth.detail  # indexer ops have their own target
+    assert not idx_bandwidth.met and "indexer_k_quant_and_cache BLHNC T=16384: 60%" in idx_bandwidth.detail
     assert not latency.met and "e BLHNC T=8: 6.50 us" in latency.detail and "c BLHNC" not in latency.detail
     assert not speedup.met and "d BLHNC T=16384: 9.5x" in speedup.detail
-    (cpu,) = targets(bad, "cpu")
+    cpu, cpu_fp8 = targets(bad, "cpu")
     assert cpu.met and "d BLHNC T=16384: 9.5x" in cpu.detail  # the closest case
-    assert [t.met for t in targets([], "cuda")] == [None, None, None]
+    assert cpu_fp8.met and "indexer_k_quant_and_cache BLHNC T=16384: 60%" in cpu_fp8.detail
+    slow = bad + [result("dsa_write", 16384, 10, 30, 12, False)]
+    assert not targets(slow, "cpu")[1].met and "misses: dsa_write BLHNC T=16384: 30%" in targets(slow, "cpu")[1].detail
+    assert targets(good, "cpu")[1].met is None  # no fp8 op in that run
+    assert [t.met for t in targets([], "cuda")] == [None, None, None, None]
 
 
 # How sure the figures are: spreads, noisy rows, the copy yardstick's warnings.
@@ -173,7 +180,8 @@ def test_noisy_rows_are_flagged_and_targets_say_so(tmp_path):
     flags = {r["op"]: (r["noisy"], r["noisy_in"]) for r in data["results"]}
     assert flags == {"quiet": (False, []), "shaky": (True, ["op"]), "shaky_ref": (True, ["torch"])}
     assert data["block_copies"][0]["noisy"] and data["noisy_spread_pct"] == NOISY_SPREAD_PCT
-    (target,) = data["targets"]
+    target, fp8_target = data["targets"]
+    assert fp8_target["met"] is None  # no fp8 op among these rows
     assert target["met"] and sorted(target["noisy_passes"]) == ["shaky BLHNC T=16384",
                                                                 "shaky_ref BLHNC T=16384"]
     assert "shaky BLHNC T=16384 (noisy)" in target["detail"]
@@ -183,12 +191,12 @@ def test_noisy_rows_are_flagged_and_targets_say_so(tmp_path):
     assert "| 80 ⚠ |" in lines["shaky"] and "5 ⚠ (torch 45)" in lines["shaky_ref"]
     assert "met (2 noisy)" in md and "2 of 3 rows" in md
     # a noisy case that misses is named noisy too
-    (t,) = targets(results + [row("slow", speedup=3.0, copy_spread=60.0)], "cpu")
+    t, _ = targets(results + [row("slow", speedup=3.0, copy_spread=60.0)], "cpu")
     assert not t.met and t.detail.startswith("misses: slow BLHNC T=16384: 3.0x (noisy)")
     # with the spread under the bound, the same rows are not flagged
     for r in results:
         r.spread_pct = r.torch_spread_pct = NOISY_SPREAD_PCT
-    (t,) = targets(results, "cpu")
+    t, _ = targets(results, "cpu")
     assert t.noisy_passes == [] and "noisy" not in t.detail
 
 
