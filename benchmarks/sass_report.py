@@ -18,7 +18,12 @@ skipped row or a zero row (which load nothing), and alignment fallbacks move the
 with more instructions; the IEEE-division and 64-bit-division slow paths (CALL.REL.NOINC
 subroutines, entered only for special operands) are never taken.
 Every instruction counts once whatever its predicate (a predicated-off instruction still
-issues). Instructions per token = path length / tokens handled by one warp (TOKENS_PER_WARP).
+issues). Where a run-time flag picks between paths that move the same bytes, the cheaper one is
+counted: the indexer's ue8m0 scales (multiplication by an exact power-of-two reciprocal, what
+DeepSeek-V3.2 uses) rather than fp32 scales (IEEE division, about 33 more instructions per
+indexer token), and for plain and K/V rows the copy ("auto") rather than the fp8 path. Loops
+that run per element (plain and K/V fp8 rows: D / 32 trips) count once, so those kernels'
+figures are lower bounds. Instructions per token = path length / tokens handled by one warp (TOKENS_PER_WARP).
 On a GPU, ncu's `smsp__inst_executed.sum` / T checks the method.
 """
 from __future__ import annotations
