@@ -108,10 +108,12 @@ def build_cases(layout: str, tokens: int, device: torch.device,
     """The cases at one size, and how many input sets their calls rotate through."""
     num_blocks = max(-(-tokens // BLOCK) + 4, MIN_BLOCKS)
     specs = [kvc.CacheSpec("mla", 656, 1), kvc.CacheSpec("indexer", 132, 1),
-             kvc.CacheSpec("mla_auto", 1152, 1), kvc.CacheSpec("kv", 128 * 2, 1, 8)]
+             kvc.CacheSpec("mla_auto", 1152, 1), kvc.CacheSpec("kv", 128 * 2, 1, 8),
+             kvc.CacheSpec("kv8", 128, 1, 8), kvc.CacheSpec("mla8", 576, 1)]
     plan = kvc.plan_cache(specs, num_blocks, BLOCK, layout)
     cache = kvc.allocate(plan, device, fill=0)
-    mla, idx, auto, kvv = (cache.view(s.name, 0) for s in specs)
+    mla, idx, auto, kvv, kv8, mla8 = (cache.view(s.name, 0) for s in specs)
+    scale = torch.tensor([0.05], device=device)
     per_call_in = tokens * (1152 + 256 + 2048 + 16)
     sets = max(2, min(MAX_SETS, ROTATE_BYTES // max(per_call_in, 1)))
     xs = [(torch.randn(tokens, 576, generator=gen) * 2).to(torch.bfloat16).to(device) for _ in range(sets)]
@@ -127,8 +129,10 @@ def build_cases(layout: str, tokens: int, device: torch.device,
     out_bf = torch.empty(tokens, 576, dtype=torch.bfloat16, device=device)
     codes = torch.empty(tokens, 128, dtype=torch.uint8, device=device)
     scl = torch.empty(tokens, dtype=torch.float32, device=device)
+    kv_out = torch.empty(tokens, 8, 128, dtype=torch.bfloat16, device=device)
     for i in range(sets):  # fill the caches so reads see real rows
         kvc.ops.dsa_write(xs[i][:, :512], xs[i][:, 512:], mla, ks[i], idx, slots[i])
+        kvc.ops.reshape_and_cache(keys[i], kvv, slots[i])
     s = lambda i: slots[i % sets]  # noqa: E731
     x = lambda i: xs[i % sets]  # noqa: E731
     k = lambda i: ks[i % sets]  # noqa: E731
@@ -137,6 +141,11 @@ def build_cases(layout: str, tokens: int, device: torch.device,
     return sets, [
         Case("reshape_and_cache", lambda i: ops.reshape_and_cache(keys[i % sets], kvv, s(i)),
              lambda i: ref.reshape_and_cache(keys[i % sets], kvv, s(i)), t * (2048 * 2 + 8)),
+        Case("reshape_and_cache_fp8", lambda i: ops.reshape_and_cache(keys[i % sets], kv8, s(i), "fp8", scale),
+             lambda i: ref.reshape_and_cache(keys[i % sets], kv8, s(i), "fp8", scale), t * (2048 + 1024 + 8)),
+        Case("concat_and_cache_mla_fp8", lambda i: ops.concat_and_cache_mla(x(i)[:, :512], x(i)[:, 512:], mla8, s(i), "fp8", scale),
+             lambda i: ref.concat_and_cache_mla(x(i)[:, :512], x(i)[:, 512:], mla8, s(i), "fp8", scale),
+             t * (1152 + 576 + 8)),
         Case("concat_and_cache_mla", lambda i: ops.concat_and_cache_mla(x(i)[:, :512], x(i)[:, 512:], mla, s(i)),
              lambda i: ref.concat_and_cache_mla(x(i)[:, :512], x(i)[:, 512:], mla, s(i)), t * (1152 + 656 + 8)),
         Case("concat_and_cache_mla_auto", lambda i: ops.concat_and_cache_mla(x(i)[:, :512], x(i)[:, 512:], auto, s(i), "auto"),
@@ -150,6 +159,8 @@ def build_cases(layout: str, tokens: int, device: torch.device,
              lambda i: ref.gather_mla(mla, table, cu), t * (656 + 1152)),
         Case("gather_mla_slots", lambda i: ops.gather_mla_slots(mla, s(i), out=out_bf, validate=False),
              lambda i: ref.gather_mla_slots(mla, s(i)), t * (656 + 1152 + 8)),
+        Case("gather_kv", lambda i: ops.gather_kv(kvv, table, cu, out=kv_out, validate=False),
+             lambda i: ref.gather_kv(kvv, table, cu), t * 2 * 2048),
         Case("gather_indexer", lambda i: ops.gather_indexer(idx, table, cu, "split", out=(codes, scl), validate=False),
              lambda i: ref.gather_indexer(idx, table, cu, "split"), t * 2 * 132),
         Case("gather_indexer_slots", lambda i: ops.gather_indexer_slots(idx, s(i), "split", out=(codes, scl), validate=False),

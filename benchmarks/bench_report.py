@@ -98,8 +98,8 @@ class Target:
 
 
 # Ops whose rows are fp8 (quantizing writes, dequantizing gathers), and the indexer's 132-byte ops.
-FP8_OPS = ("concat_and_cache_mla", "indexer_k_quant_and_cache", "dsa_write", "gather_mla",
-           "gather_mla_slots")
+FP8_OPS = ("reshape_and_cache_fp8", "concat_and_cache_mla_fp8", "concat_and_cache_mla",
+           "indexer_k_quant_and_cache", "dsa_write", "gather_mla", "gather_mla_slots")
 INDEXER_OPS = ("indexer_k_quant_and_cache", "gather_indexer", "gather_indexer_slots")
 
 

@@ -19,7 +19,8 @@ from bench_report import (MAX_PCT_COPY, MAX_PCT_SAME_COPY, NOISY_SPREAD_PCT, Res
 
 from kvcache_ext.timing import Timer, Timing, time_interleaved  # noqa: E402
 
-OPS = {"reshape_and_cache", "concat_and_cache_mla", "concat_and_cache_mla_auto",
+OPS = {"reshape_and_cache", "reshape_and_cache_fp8", "concat_and_cache_mla_fp8", "gather_kv",
+       "concat_and_cache_mla", "concat_and_cache_mla_auto",
        "indexer_k_quant_and_cache", "dsa_write", "gather_mla", "gather_mla_slots",
        "gather_indexer", "gather_indexer_slots"}
 
