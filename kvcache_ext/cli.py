@@ -17,8 +17,9 @@ import torch
 
 from . import capacity as cap
 from .layout import LAYOUTS, CacheSpec, plan_cache
-from .presets import preset, preset_names
-from .render import address_walk, byte_map, side_by_side, views_table, walk_lines
+from .presets import GROUP_PRESETS, group_preset, preset, preset_names
+from .render import (address_walk, byte_map, group_views_table, group_walk_lines, side_by_side,
+                     slab_lines, views_table, walk_lines)
 
 
 class CliError(Exception):
@@ -77,10 +78,18 @@ def layout_name(text: str) -> str:
 
 
 def model_name(text: str) -> str:
+    if text.lower() in GROUP_PRESETS:
+        return text.lower()
     try:
         return preset(text).name
     except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+        raise argparse.ArgumentTypeError(f"{e}, {', '.join(GROUP_PRESETS)}") from None
+
+
+def group_model_name(text: str) -> str:
+    if text.lower() not in GROUP_PRESETS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(GROUP_PRESETS)}, got {text!r}")
+    return text.lower()
 
 
 def device_name(text: str) -> str:
@@ -113,6 +122,25 @@ def out_file(text: str) -> str:
     return text
 
 
+def out_file_with(suffix: str):
+    """out_file, and the name must end in `suffix` (the format is taken from it)."""
+    def check(text: str) -> str:
+        if not text.lower().endswith(suffix):
+            raise argparse.ArgumentTypeError(f"{text!r} must end in {suffix}")
+        return out_file(text)
+    return check
+
+
+MAX_DEMO_TOKENS = 1 << 20  # the demo keeps inputs, a CPU copy and the reference in memory
+
+
+def demo_tokens(text: str) -> int:
+    n = positive_int(text)
+    if n > MAX_DEMO_TOKENS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_DEMO_TOKENS}, got {n}")
+    return n
+
+
 def parse_spec(text: str, default_layers: int, flag: str = "--spec") -> CacheSpec:
     """name:row_bytes[:layers[:heads]], e.g. mla:656 or kv:256:32:8; row_bytes A+B is a split
     page (the first A bytes of every token, then the last B), e.g. indexer:128+4."""
@@ -136,7 +164,32 @@ def parse_spec(text: str, default_layers: int, flag: str = "--spec") -> CacheSpe
 
 
 # ---- layout ---------------------------------------------------------------------------------
+def cmd_layout_groups(args: argparse.Namespace) -> None:
+    """--preset deepseek-v4-pro: the packed slab of the real plan (SPEC 10)."""
+    if args.spec or args.side_by_side or args.png:
+        raise CliError("--preset cannot be combined with --spec, --side-by-side or --png")
+    groups = group_preset(args.preset, mla=args.mla, indexer=args.indexer)
+    table = args.block_table
+    num_blocks = args.num_blocks if args.num_blocks is not None else max(table + [0]) + 3
+    plans = [plan_cache(groups=groups, num_blocks=num_blocks, layout=lay, packing=args.packing)
+             for lay in (args.layout or ["BLHNC"])]
+    out = []
+    for plan in plans:  # every check runs here, before the first line is printed
+        out += ([f"{args.preset} (mla={args.mla}, indexer={args.indexer})"]
+                + group_views_table(plan) + [""] + slab_lines(plan) + [""]
+                + group_walk_lines(plan, args.token, table, args.layer) + [""])
+    print("\n".join(out).rstrip())
+    if args.svg or args.html:
+        from .page import write_slab_html, write_slab_svg
+        for path, write in ((args.svg, write_slab_svg), (args.html, write_slab_html)):
+            if path:
+                write(path, plans)
+                print(f"wrote {path}")
+
+
 def cmd_layout(args: argparse.Namespace) -> None:
+    if args.preset:
+        return cmd_layout_groups(args)
     specs = [parse_spec(s, args.layers) for s in (args.spec or ["mla:656", "indexer:132"])]
     table = args.block_table
     layouts = args.layout or ["BLHNC"]
@@ -204,7 +257,51 @@ def _per_token(b: int) -> str:
     return f"{b / 1024:g} KiB/token ({b} B)"
 
 
+def cmd_capacity_groups(args: argparse.Namespace) -> None:
+    """--model deepseek-v4-pro|flash: bytes per token per group, blocks for a budget, and the
+    V3.2 pair for comparison (one rank: the H = 1 caches are whole on every TP rank)."""
+    others = [f for f, v in (("--spec", args.spec), ("--layers", args.layers),
+                             ("--kv-heads", args.kv_heads), ("--head-dim", args.head_dim),
+                             ("--dtype-bytes", args.dtype_bytes), ("--requests", args.requests),
+                             ("--block-size", args.block_size)) if v is not None]
+    if args.pp != 1:
+        others.append("--pp")
+    if others:
+        raise CliError(f"{', '.join(others)} cannot be combined with --model {args.model} "
+                       f"(cache groups with fixed row formats and block sizes)")
+    groups = group_preset(args.model, mla=args.mla, indexer=args.indexer)
+    usage = cap.group_usage(groups)
+    budget = int((args.budget_gib or 80) * 2**30)
+    pool = cap.group_pool_for_budget(groups, budget, args.tokens)
+    v32 = preset("deepseek-v3.2")
+    v32_tok = cap.bytes_per_token(v32.specs)
+    v32_pool = cap.pool_for_budget(v32.specs, budget, v32.block_size)
+    print(f"model {args.model} (mla={args.mla}, indexer={args.indexer}; SPEC 10), "
+          f"{len(groups)} cache groups in one block pool, packing=overlay, block stride "
+          f"{pool.block_stride} B:")
+    for u in usage:
+        window = "every token" if u.window is None else f"last {u.window} tokens"
+        print(f"  {u.name:<12} block {u.block_size:>3} tokens, {window:<16} {u.bytes_per_token:g} "
+              f"B per token held ({u.padded_bytes_per_token:g} with padded pages), "
+              f"{u.block_bytes} B/block")
+    need = sum(pool.blocks_per_request.values())
+    per_tok = need * pool.block_stride / args.tokens if args.tokens else 0
+    print(f"one request of {args.tokens} tokens: blocks "
+          + ", ".join(f"{k} {v}" for k, v in pool.blocks_per_request.items())
+          + f" = {need} blocks = {need * pool.block_stride / 2**20:g} MiB "
+            f"({per_tok:.0f} B/token)")
+    print(f"pool for {budget / 2**30:g} GiB per rank: {pool.num_blocks} blocks of "
+          f"{pool.block_stride} B = {pool.requests} requests of {args.tokens} tokens")
+    v32_need = math.ceil(args.tokens / v32.block_size) if args.tokens else 0
+    print(f"DeepSeek-V3.2 (mla 656 B + indexer 132 B, 61 layers, block {v32.block_size}): "
+          f"{v32_tok} B/token; {v32_pool.num_blocks} blocks = "
+          f"{v32_pool.num_blocks // v32_need if v32_need else 0} requests of {args.tokens} tokens"
+          + (f" ({v32_tok / per_tok:.1f}x the bytes per token)" if per_tok else ""))
+
+
 def cmd_capacity(args: argparse.Namespace) -> None:
+    if args.model in GROUP_PRESETS:
+        return cmd_capacity_groups(args)
     m = capacity_model(args)
     whole = cap.rank_cache(m.specs, 1)
     r = cap.rank_cache(m.specs, args.tokens, args.tp, args.pp, args.block_size)
@@ -263,6 +360,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+def _v4_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mla", choices=("fp8_ds_mla", "flashinfer_fp8"), default="fp8_ds_mla",
+                   help="DeepSeek-V4 KV row layout (default: %(default)s)")
+    p.add_argument("--indexer", choices=("mxfp4", "fp8"), default="mxfp4",
+                   help="DeepSeek-V4 indexer row (default: %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="python -m kvcache_ext", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -289,18 +393,26 @@ def build_parser() -> argparse.ArgumentParser:
                      help="layer whose addresses are walked (default: %(default)s)")
     lay.add_argument("--side-by-side", action="store_true",
                      help="print the layouts in columns (default: one after the other)")
-    lay.add_argument("--html", type=out_file,
+    lay.add_argument("--html", type=out_file_with(".html"),
                      help="write an interactive page of every layout to this file (default: none)")
-    lay.add_argument("--svg", type=out_file,
+    lay.add_argument("--svg", type=out_file_with(".svg"),
                      help="write the memory maps as SVG, layouts side by side (default: none)")
-    lay.add_argument("--png", type=out_file,
+    lay.add_argument("--png", type=out_file_with(".png"),
                      help="write the memory maps as PNG (matplotlib), layouts side by side "
                           "(default: none)")
+    lay.add_argument("--preset", type=group_model_name, default=None,
+                     help=f"draw a cache-group model's packed slab from its real plan: "
+                          f"{', '.join(GROUP_PRESETS)} (default: none; --spec)")
+    lay.add_argument("--packing", choices=("overlay", "stack"), default="overlay",
+                     help="with --preset: groups overlaid in a block (vLLM) or stacked "
+                          "(default: %(default)s)")
+    _v4_options(lay)
     lay.set_defaults(func=cmd_layout)
 
     c = sub.add_parser("capacity", help="cache bytes per rank, effective vs rounded, pool size")
     c.add_argument("--model", type=model_name,
-                   help=f"a published model: {', '.join(preset_names())} (default: none; the K/V "
+                   help=f"a published model: {', '.join(preset_names() + GROUP_PRESETS)} "
+                        f"(default: none; the K/V "
                         f"shape options below)")
     c.add_argument("--spec", action="append",
                    help="NAME:ROW_BYTES[:LAYERS[:HEADS]], repeatable, e.g. --spec mla:656 --spec "
@@ -325,7 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--requests", type=lengths, default=None,
                    help="request lengths, e.g. 17,32: effective vs block-rounded (default: none)")
     c.add_argument("--budget-gib", type=positive_float, default=None,
-                   help="size one rank's pool for this many GiB (default: none)")
+                   help="size one rank's pool for this many GiB (default: none; 80 for the "
+                        "cache-group models)")
+    _v4_options(c)
     c.set_defaults(func=cmd_capacity)
 
     d = sub.add_parser("demo", help="plan, write and read the DSA pair; check and time it; "
@@ -334,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default="cuda" if torch.cuda.is_available() else "cpu",
                    help="cpu or cuda[:N] (default: cuda when available, else cpu; here "
                         "%(default)s)")
-    d.add_argument("--tokens", type=positive_int, default=4096,
+    d.add_argument("--tokens", type=demo_tokens, default=4096,
                    help="tokens written, split over three requests (default: %(default)s)")
     d.add_argument("--model", choices=("dsa", "llama"), default="dsa",
                    help="model run on the cache after the checks: dsa (DeepSeek sparse attention "

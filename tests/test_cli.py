@@ -51,6 +51,8 @@ def test_demo_default_keeps_the_seed_walk():
 BAD = [
     (["demo", "--tokens", "-3"], "--tokens"),
     (["demo", "--tokens", "0"], "--tokens"),
+    (["demo", "--tokens", "99999999999"], "at most"),
+    (["layout", "--png", "/tmp/map.txt"], "must end in .png"),
     (["demo", "--device", "cuda"], "no CUDA device"),
     (["demo", "--device", "xyz"], "cpu or cuda"),
     (["layout", "--html", "/nonexistent_dir/x.html"], "does not exist"),
