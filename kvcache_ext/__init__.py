@@ -5,14 +5,18 @@
 """
 from . import capacity, ops, presets, reference
 from .cache import KVCache, allocate
+from .groups import CacheGroup, GroupPlan
 from .layout import (DEFAULT_LAYOUT, LAYOUTS, CachePlan, CacheSpec, KVCacheTensor, layout_order,
                      plan_cache, slot_mapping)
 from .ops import check_slot_mapping
 from .transfer import CopyStats, block_spans, check_spans, copy_blocks, copy_spans
+from .transfer_groups import GroupTransferPlan
 from .transfer_plan import TransferPlan, merge_spans
 
 __all__ = [
-    "DEFAULT_LAYOUT", "LAYOUTS", "CachePlan", "CacheSpec", "CopyStats", "KVCache", "KVCacheTensor",
+    "DEFAULT_LAYOUT", "LAYOUTS", "CacheGroup", "CachePlan", "CacheSpec", "CopyStats", "GroupPlan",
+    "GroupTransferPlan",
+    "KVCache", "KVCacheTensor",
     "TransferPlan", "allocate", "block_spans", "capacity", "check_slot_mapping", "check_spans",
     "copy_blocks", "copy_spans", "layout_order", "merge_spans", "ops", "plan_cache", "presets",
     "reference", "slot_mapping",

@@ -190,3 +190,58 @@ def pool_for_budget(specs: Sequence[CacheSpec], budget_bytes: int, block_size: i
     n = max_num_blocks(lambda nb: plan_cache(specs, nb, block_size, layout), budget_bytes)
     total = plan_cache(specs, n, block_size, layout).total_bytes if n else 0
     return Pool(n, block_size, n * block_size, total, budget_bytes)
+
+
+# ---- cache groups (DeepSeek-V4, SPEC 10) ----------------------------------------------------
+@dataclass(frozen=True)
+class GroupUsage:
+    """One cache group's bytes: per token (raw rows, and padded pages amortised over the
+    group's block) and per block."""
+
+    name: str
+    block_size: int
+    window: int | None
+    bytes_per_token: float         # sum over specs of L x H x C / compress_ratio (unpadded)
+    padded_bytes_per_token: float  # block_bytes / block_size (padded pages)
+    block_bytes: int               # the group's region in one physical block
+
+
+@dataclass(frozen=True)
+class GroupPool:
+    """The largest shared pool of cache groups that fits a byte budget."""
+
+    num_blocks: int
+    block_stride: int
+    total_bytes: int
+    budget_bytes: int
+    blocks_per_request: dict[str, int]  # for `tokens`, by group
+    tokens: int                          # tokens of one request
+    requests: int                        # requests of `tokens` tokens the pool holds at once
+
+
+def group_usage(groups) -> list[GroupUsage]:
+    out = []
+    for g in groups:
+        raw = sum(s.num_layers * s.num_heads * s.row_bytes / s.compress_ratio for s in g.specs)
+        out.append(GroupUsage(g.name, g.block_size, g.window, raw,
+                              g.block_bytes / g.block_size, g.block_bytes))
+    return out
+
+
+def group_pool_for_budget(groups, budget_bytes: int, tokens: int, layout: str = "BLHNC",
+                          packing: str = "overlay") -> GroupPool:
+    """Blocks of the plan_cache(groups=...) pool that fit `budget_bytes`, and how many requests
+    of `tokens` tokens it holds (every group takes its own blocks from the one pool: the full
+    groups ceil(tokens / block_size), the windowed ones only the blocks of their window)."""
+    from .groups import plan_groups
+    if budget_bytes < 0:
+        raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"tokens must be a non-negative int, got {tokens!r}")
+    groups = list(groups)
+    stride = plan_groups(groups, 1, layout, packing).total_bytes
+    n = budget_bytes // stride
+    need = {g.name: g.blocks_for(tokens) for g in groups}
+    per_request = sum(need.values()) if packing == "overlay" else max(need.values())
+    requests = n // per_request if per_request else 0
+    return GroupPool(n, stride, n * stride, budget_bytes, need, tokens, requests)

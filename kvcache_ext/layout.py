@@ -30,11 +30,17 @@ class CacheSpec:
     # (a, b): a page holds the first a bytes of every token, then the last b bytes of every
     # token (the indexer's "split" placement is (128, 4)); None: token rows one after another.
     split: tuple[int, int] | None = None
+    # logical tokens per stored row (DeepSeek-V4 C4 / C128 caches): a group of block size B
+    # holds B / compress_ratio rows of this spec per block (SPEC 10); 1 = one row per token
+    compress_ratio: int = 1
+    # pages (one block of one layer) padded to a multiple of this many bytes (576 or 512 B in
+    # the V4 layouts); 1 = unpadded. Only plans made from CacheGroups pad (plan_cache(groups=))
+    page_align: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"CacheSpec.name must be a non-empty string, got {self.name!r}")
-        for arg in ("row_bytes", "num_layers", "num_heads"):
+        for arg in ("row_bytes", "num_layers", "num_heads", "compress_ratio", "page_align"):
             value = getattr(self, arg)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"CacheSpec.{arg} must be a positive int, got {value!r}")
@@ -51,6 +57,9 @@ class CacheSpec:
                 raise ValueError(f"CacheSpec.split needs num_heads == 1 (a split page is one "
                                  f"head's), got num_heads = {self.num_heads} (spec {self.name!r})")
             object.__setattr__(self, "split", (int(split[0]), int(split[1])))
+        if self.page_align != 1 and self.num_heads != 1:
+            raise ValueError(f"CacheSpec.page_align needs num_heads == 1 (a padded page is one "
+                             f"head's), got num_heads = {self.num_heads} (spec {self.name!r})")
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,11 @@ class CachePlan:
     @property
     def num_slots(self) -> int:
         return self.num_blocks * self.block_size
+
+    @property
+    def block_stride(self) -> int:
+        """Bytes of one physical block: every spec's pages of one block (= total / num_blocks)."""
+        return self.total_bytes // self.num_blocks
 
     def spec(self, name: str) -> CacheSpec:
         for s in self.specs:
@@ -186,15 +200,32 @@ class BlockPage:
     block_stride: int
 
 
-def plan_cache(specs: Iterable[CacheSpec], num_blocks: int, block_size: int,
-               layout: str = DEFAULT_LAYOUT) -> CachePlan:
-    """Lay out `specs` (sharing one block table) in one flat buffer."""
+def plan_cache(specs: Iterable[CacheSpec] | None = None, num_blocks: int | None = None,
+               block_size: int | None = None, layout: str = DEFAULT_LAYOUT, *,
+               groups: Iterable | None = None, packing: str = "overlay"):
+    """Lay out `specs` (sharing one block table) in one flat buffer -> CachePlan.
+
+    With `groups=[CacheGroup, ...]` instead (each group its own block size and block tables,
+    SPEC 10) -> GroupPlan; see kvcache_ext.groups.plan_groups."""
+    if groups is not None:
+        if specs is not None or block_size is not None:
+            raise ValueError("plan_cache takes either specs and block_size or groups=, not both "
+                             "(each CacheGroup has its own block_size)")
+        from .groups import plan_groups
+        return plan_groups(groups, num_blocks=num_blocks, layout=layout, packing=packing)
+    if specs is None or block_size is None or num_blocks is None:
+        raise ValueError("plan_cache needs specs, num_blocks and block_size (or groups= and "
+                         "num_blocks)")
     specs = tuple(specs)
     if not specs:
         raise ValueError("specs must hold at least one CacheSpec")
     for s in specs:
         if not isinstance(s, CacheSpec):
             raise TypeError(f"specs must be CacheSpec objects, got {type(s).__name__}")
+        if s.compress_ratio != 1 or s.page_align != 1:
+            raise ValueError(f"spec {s.name!r} has compress_ratio = {s.compress_ratio}, page_align"
+                             f" = {s.page_align}: compressed or padded specs need a CacheGroup "
+                             f"(plan_cache(groups=[CacheGroup(name, specs, block_size)], ...))")
     names = [s.name for s in specs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -248,12 +279,21 @@ def layout_order(layout: str) -> tuple[int, ...]:
 
 
 def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, block_size: int,
-                 req_indices: torch.Tensor | None = None) -> torch.Tensor:
+                 req_indices: torch.Tensor | None = None, compress_ratio: int = 1) -> torch.Tensor:
     """int64 [T] slots: block_table[req, pos // block_size] * block_size + pos % block_size.
 
     A block-table entry < 0 (an unassigned block) gives slot -1: padding, which every write
-    skips (vLLM's rule: every negative slot is padding)."""
+    skips (vLLM's rule: every negative slot is padding).
+
+    compress_ratio = r > 1 (SPEC 10, vLLM's get_compressed_slot_mapping): slots count rows of
+    a spec that stores one row per r tokens. Only a token with (pos + 1) % r == 0 writes:
+    cpos = pos // r, rows = block_size // r, slot = block_table[req, cpos // rows] * rows
+    + cpos % rows; every other token gets -1. `block_size` is the group's (tokens per block)."""
     _check_positive("block_size", block_size)
+    _check_positive("compress_ratio", compress_ratio)
+    if block_size % compress_ratio:
+        raise ValueError(f"block_size ({block_size}) must be a multiple of compress_ratio "
+                         f"({compress_ratio})")
     if not isinstance(block_table, torch.Tensor) or block_table.dtype not in (torch.int32,
                                                                               torch.int64):
         raise TypeError("block_table must be an int32 (or int64) tensor")
@@ -289,6 +329,12 @@ def slot_mapping(block_table: torch.Tensor, positions: torch.Tensor, block_size:
         if int(req_indices.min()) < 0 or int(req_indices.max()) >= rows:
             raise IndexError(f"req_indices must be in [0, {rows})")
     blocks = block_table.to(torch.int64)[req_indices, positions // block_size]
-    slots = blocks * block_size + positions % block_size
-    return torch.where(blocks < 0, torch.full_like(slots, -1), slots)
+    if compress_ratio == 1:
+        slots = blocks * block_size + positions % block_size
+        return torch.where(blocks < 0, torch.full_like(slots, -1), slots)
+    rows = block_size // compress_ratio
+    cpos = positions // compress_ratio  # cpos // rows == pos // block_size: the same block
+    slots = blocks * rows + cpos % rows
+    closes = (positions + 1) % compress_ratio == 0
+    return torch.where((blocks < 0) | ~closes, torch.full_like(slots, -1), slots)
 

@@ -266,3 +266,80 @@ function highlight(svg, w) {
 setup();
 </script></body></html>
 """
+
+
+# ---- cache groups (SPEC 10): the packed slab, drawn from the real plan ----------------------
+_SLAB_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
+                 "#9c755f")
+
+
+def svg_slab(plan, width: int = 960) -> str:
+    """One physical block of a block-outer GroupPlan: a row per group, each spec's pages as
+    cells (one per layer) at their byte offsets, to the scale of the block stride."""
+    from .render import slab_runs
+    left, bar_w, row_h, top = 110, width - 130, 26, 34
+    rows = slab_runs(plan)
+    height = top + len(rows) * (row_h + 8) + 24
+    scale = bar_w / plan.block_stride
+    out = [f'<text x="4" y="14" class="title">{html.escape(plan.layout)} packing={plan.packing}: '
+           f'block stride {plan.block_stride:,} B ({plan.num_blocks} blocks, '
+           f'{plan.total_bytes:,} B)</text>',
+           f'<text x="4" y="28" class="offset">each row is one group\'s bytes in block b, from '
+           f'b x {plan.block_stride:,}; '
+           + ("rows overlap: a block belongs to one group at a time" if plan.packing == "overlay"
+              else "groups one after another") + '</text>']
+    k = 0
+    for i, runs in enumerate(rows):
+        y = top + i * (row_h + 8)
+        out.append(f'<text x="4" y="{y + 17}" class="label">{html.escape(runs[0].group)}</text>')
+        out.append(f'<rect x="{left}" y="{y}" width="{bar_w}" height="{row_h}" fill="#eee"/>')
+        for r in runs:
+            colour = _SLAB_COLOURS[k % len(_SLAB_COLOURS)]
+            k += 1
+            for layer in range(r.layers):
+                x0 = left + (r.start + layer * r.page) * scale
+                out.append(f'<rect class="cell" x="{x0:.2f}" y="{y}" '
+                           f'width="{max(r.page * scale, 0.3):.2f}" height="{row_h}" '
+                           f'fill="{colour}" stroke="#fff" stroke-width="0.2" '
+                           f'data-spec="{html.escape(r.spec)}" data-layer="{layer}" '
+                           f'data-start="{r.start + layer * r.page}" data-page="{r.page}"><title>'
+                           f'{html.escape(r.spec)} L{layer}: bytes [{r.start + layer * r.page:,}, '
+                           f'{r.start + (layer + 1) * r.page:,}) of the block</title></rect>')
+            mid = left + (r.start + r.end) / 2 * scale
+            label = f"{r.spec} {r.layers}x{r.page}"
+            if (r.end - r.start) * scale > 7 * len(label) + 8:  # only where the label fits
+                out.append(f'<text x="{mid:.1f}" y="{y + 17}" class="cell-text" '
+                           f'text-anchor="middle">{html.escape(label)}</text>')
+    out.append(f'<text x="{left}" y="{height - 6}" class="offset">0</text>'
+               f'<text x="{left + bar_w}" y="{height - 6}" class="offset" text-anchor="end">'
+               f'{plan.block_stride:,}</text>')
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="slab" data-layout="{plan.layout}" '
+            f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+            f'font-family="monospace" font-size="11"><style>{_SVG_STYLE}</style>'
+            f'{"".join(out)}</svg>')
+
+
+def write_slab_svg(path: str | Path, plans) -> None:
+    plans = list(plans)
+    svgs = [svg_slab(p) for p in plans]  # every check before the file is written
+    if len(svgs) == 1:
+        Path(path).write_text(svgs[0])
+        return
+    heights = [int(s.split('height="', 1)[1].split('"', 1)[0]) for s in svgs]
+    ys = [sum(heights[:i]) for i in range(len(svgs))]
+    body = "".join(s.replace("<svg ", f'<svg y="{y}" ', 1) for s, y in zip(svgs, ys))
+    Path(path).write_text(f'<svg xmlns="http://www.w3.org/2000/svg" width="960" '
+                          f'height="{sum(heights)}" viewBox="0 0 960 {sum(heights)}">{body}</svg>')
+
+
+def write_slab_html(path: str | Path, plans) -> None:
+    from .render import group_views_table, slab_lines
+    plans = list(plans)
+    parts = []
+    for p in plans:
+        parts.append(svg_slab(p))
+        parts.append("<pre>" + html.escape("\n".join(group_views_table(p) + [""] + slab_lines(p)))
+                     + "</pre>")
+    Path(path).write_text("<!doctype html><html><head><meta charset='utf-8'><title>packed cache "
+                          "slab</title></head><body style='font-family:monospace'>"
+                          + "".join(parts) + "</body></html>")

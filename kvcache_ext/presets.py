@@ -68,6 +68,16 @@ PRESETS: tuple[ModelPreset, ...] = (
 )
 
 
+GROUP_PRESETS = ("deepseek-v4-pro", "deepseek-v4-flash")  # plan_cache(groups=...) models
+
+
+def group_preset(name: str, mla: str = "fp8_ds_mla", indexer: str = "mxfp4") -> list:
+    """"deepseek-v4-pro" / "deepseek-v4-flash" -> deepseek_v4(...)'s groups."""
+    if name.lower() not in GROUP_PRESETS:
+        raise ValueError(f"model must be one of {', '.join(GROUP_PRESETS)}, got {name!r}")
+    return deepseek_v4(name.lower().rsplit("-", 1)[1], mla=mla, indexer=indexer)
+
+
 def preset_names() -> tuple[str, ...]:
     return tuple(p.name for p in PRESETS)
 
@@ -77,3 +87,73 @@ def preset(name: str) -> ModelPreset:
         if p.name == name.lower():
             return p
     raise ValueError(f"model must be one of {', '.join(preset_names())}, got {name!r}")
+
+
+# DeepSeek-V4 (SPEC 10; vLLM, SGLang and TensorRT-LLM sources): per-layer caches with different
+# compression ratios and block sizes, as cache groups sharing one physical block pool.
+# V4-Pro: 61 layers, 0 SWA-only / 30 C4 / 31 C128; V4-Flash: 43 layers, 2 / 21 / 20.
+_V4_LAYERS = {"pro": (61, 0, 30, 31), "flash": (43, 2, 21, 20)}  # layers, SWA-only, C4, C128
+V4_MAIN_BLOCK = 256   # tokens per block of the main (compressed) group
+V4_SWA_BLOCK = 64     # SWA keeps the last 128 tokens
+V4_C4_STATE_BLOCK = 4     # compressor states: one fp32 row per token, group blocks of 4 / 8
+V4_C128_STATE_BLOCK = 8
+V4_SWA_WINDOW = 128       # SWA keeps the last 128 tokens
+V4_C4_STATE_WINDOW = 8    # a C4 compressor state the last 8, a C128 state the last 128
+V4_C128_STATE_WINDOW = 128
+
+
+def v4_rows(mla: str = "fp8_ds_mla", indexer: str = "mxfp4") -> dict[str, tuple]:
+    """Row bytes, split and page alignment of each V4 component (SPEC 10's component table)."""
+    if mla == "fp8_ds_mla":
+        # 448 e4m3 NoPE + 64 bf16 RoPE = 576 data bytes, then 7 UE8M0 scales + 1 zero byte;
+        # page = [rows x 576][rows x 8][pad to 576]: the split placement (576, 8)
+        kv, align, state_align = (448 + 64 * 2 + 8, (448 + 64 * 2, 8)), 576, 576
+    elif mla == "flashinfer_fp8":
+        kv, align, state_align = (512, None), 512, 1  # per-tensor e4m3 rows; states unpadded
+    else:
+        raise ValueError(f"mla must be 'fp8_ds_mla' or 'flashinfer_fp8', got {mla!r}")
+    if indexer == "mxfp4":
+        idx = (64 + 4, (64, 4))    # 128 e2m1 values in 64 bytes, then 4 UE8M0 scales
+    elif indexer == "fp8":
+        idx = (128 + 4, (128, 4))  # V3.2's indexer row, split placement
+    else:
+        raise ValueError(f"indexer must be 'mxfp4' or 'fp8', got {indexer!r}")
+    return {"kv": (*kv, align), "indexer": (*idx, align),
+            # fp32 states [kv | score]: C4 main 2x512 + 2x512, C128 512 + 512, C4 indexer 2x128 x2
+            "c4_state": (4 * 2 * 512 * 2, None, state_align),
+            "c128_state": (4 * 512 * 2, None, state_align),
+            "c4_indexer_state": (4 * 2 * 128 * 2, None, state_align)}
+
+
+def deepseek_v4(model: str = "pro", mla: str = "fp8_ds_mla", indexer: str = "mxfp4") -> list:
+    """DeepSeek-V4 caches as a list of CacheGroup (whole model; plan_cache(groups=...)).
+
+    V4-Pro's groups are SPEC 10's (vLLM's): main = 30 C4 KV + 30 C4 indexer + 31 C128 KV
+    (block 256), SWA groups of 31 and 30 layers (block 64), C4 states = 30 main + 30 indexer
+    (block 4), C128 states = 31 (block 8). V4-Flash follows the same rule (this project's
+    choice: the SWA layers split in two halves, the larger first): main = 21 + 21 + 20, SWA
+    22 + 21, C4 states 21 + 21, C128 states 20."""
+    from .groups import CacheGroup
+    if model not in _V4_LAYERS:
+        raise ValueError(f"model must be 'pro' or 'flash', got {model!r}")
+    layers, _, c4, c128 = _V4_LAYERS[model]
+    rows = v4_rows(mla, indexer)
+
+    def spec(name: str, kind: str, num_layers: int, ratio: int) -> CacheSpec:
+        row, split, align = rows[kind]
+        return CacheSpec(name, row, num_layers, 1, split=split, compress_ratio=ratio,
+                         page_align=align)
+
+    swa = [layers - layers // 2, layers // 2]
+    groups = [
+        CacheGroup("main", (spec("c4_kv", "kv", c4, 4), spec("c4_indexer", "indexer", c4, 4),
+                            spec("c128_kv", "kv", c128, 128)), V4_MAIN_BLOCK),
+        CacheGroup("swa0", (spec("swa0_kv", "kv", swa[0], 1),), V4_SWA_BLOCK, V4_SWA_WINDOW),
+        CacheGroup("swa1", (spec("swa1_kv", "kv", swa[1], 1),), V4_SWA_BLOCK, V4_SWA_WINDOW),
+        CacheGroup("c4_states", (spec("c4_state", "c4_state", c4, 1),
+                                 spec("c4_indexer_state", "c4_indexer_state", c4, 1)),
+                   V4_C4_STATE_BLOCK, V4_C4_STATE_WINDOW),
+        CacheGroup("c128_states", (spec("c128_state", "c128_state", c128, 1),),
+                   V4_C128_STATE_BLOCK, V4_C128_STATE_WINDOW),
+    ]
+    return groups

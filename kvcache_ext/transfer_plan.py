@@ -92,7 +92,9 @@ class TransferPlan:
                  heads: Mapping[str, Range] | None = None) -> None:
         for arg, p in (("src_plan", src_plan), ("dst_plan", dst_plan)):
             if not isinstance(p, CachePlan):
-                raise TypeError(f"{arg} must be a CachePlan, got {type(p).__name__}")
+                hint = (" (plans of cache groups move with kvc.GroupTransferPlan: one block "
+                        "table per group)" if type(p).__name__ == "GroupPlan" else "")
+                raise TypeError(f"{arg} must be a CachePlan, got {type(p).__name__}{hint}")
         src_names = [s.name for s in src_plan.specs]
         dst_names = [s.name for s in dst_plan.specs]
         if specs is None:
