@@ -25,7 +25,7 @@ from typing import Iterable
 
 import torch
 
-from .layout import (DEFAULT_LAYOUT, INT64_MAX, LAYOUTS, BlockPage, CacheSpec, KVCacheTensor,
+from .layout import (DEFAULT_LAYOUT, INT64_MAX, LAYOUTS, BlockPage, CacheSpec, KVCacheTensor, split_address,
                      _DIMS, _perm)
 
 PACKINGS = ("overlay", "stack")
@@ -181,7 +181,7 @@ class GroupPlan:
         if not 0 <= byte < s.row_bytes:
             raise IndexError(f"byte must be in [0, {s.row_bytes}), got {byte}")
         block, row = divmod(slot, rows)
-        return self.tensors[name].address(layer, block, row, head, byte)
+        return split_address(s, self.tensors[name], rows, layer, block, row, head, byte)
 
     def view(self, buffer: torch.Tensor, name: str, layer: int) -> torch.Tensor:
         """uint8 [num_blocks, H, rows_per_block, C] view of one layer of one spec."""

@@ -81,6 +81,17 @@ class KVCacheTensor:
                 + head * self.head_stride + pos * self.token_stride + byte)
 
 
+def split_address(s: "CacheSpec", t: KVCacheTensor, rows: int, layer: int, block: int, pos: int,
+                  head: int = 0, byte: int = 0) -> int:
+    """Address of (layer, block, row pos, head, byte). A split page (H = 1, so one contiguous
+    page of `rows` rows) holds the first `a` bytes of every row, then the last `b` bytes."""
+    if s.split is None:
+        return t.address(layer, block, pos, head, byte)
+    a, b = s.split
+    page = t.address(layer, block, 0, head, 0)
+    return page + (pos * a + byte if byte < a else rows * a + pos * b + (byte - a))
+
+
 def _check_positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -149,7 +160,7 @@ class CachePlan:
         if not 0 <= byte < s.row_bytes:
             raise IndexError(f"byte must be in [0, {s.row_bytes}), got {byte}")
         block, pos = divmod(slot, self.block_size)
-        return self.tensors[name].address(layer, block, pos, head, byte)
+        return split_address(s, self.tensors[name], self.block_size, layer, block, pos, head, byte)
 
     def view(self, buffer: torch.Tensor, name: str, layer: int) -> torch.Tensor:
         """uint8 [num_blocks, H, block_size, C] view of one layer of one spec inside `buffer`."""

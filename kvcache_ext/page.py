@@ -200,8 +200,10 @@ function walk(plan) {
     return {error: `block_table[${logical}] = ${physical} is outside [0, ${plan.num_blocks})`};
   const rows = plan.specs.filter((s) => state.layer < s.num_layers).map((s) => ({
     spec: s.name, offset: s.offset, layer: [state.layer, s.layer_stride],
-    block: [physical, s.block_stride], token: [pos, s.token_stride], row: s.row_bytes,
-    address: s.offset + state.layer * s.layer_stride + physical * s.block_stride + pos * s.token_stride}));
+    block: [physical, s.block_stride], token: [pos, s.split ? s.split[0] : s.token_stride],
+    row: s.row_bytes,  // a split page: token pos's first part at pos x split[0]
+    address: s.offset + state.layer * s.layer_stride + physical * s.block_stride
+             + pos * (s.split ? s.split[0] : s.token_stride)}));
   return {logical, physical, pos, slot: physical * bs + pos, rows};
 }
 

@@ -76,9 +76,11 @@ def address_walk(plan: CachePlan, token: int, block_table: list[int], layer: int
         if layer >= s.num_layers:
             continue
         t = plan.tensor(s.name)
+        # a split page puts token pos's first part at pos x a (its row's start here)
+        step = s.split[0] if s.split else t.token_stride
         terms = (AddressTerm("layer", layer, t.layer_stride),
                  AddressTerm("block", physical, t.block_stride),
-                 AddressTerm("token", pos, t.token_stride))
+                 AddressTerm("token", pos, step))
         addr = t.offset + sum(x.value for x in terms)
         assert addr == plan.address(s.name, layer, physical * plan.block_size + pos)
         addrs.append(SpecAddress(s.name, layer, t.offset, terms, addr, s.row_bytes))

@@ -385,3 +385,20 @@ def test_allocation_without_a_driver_is_not_called_out_of_memory():
     with pytest.raises(RuntimeError, match="on cuda") as e:
         kvc.allocate(dsa_plan("BLHNC", 16, 4), "cuda")
     assert not isinstance(e.value, MemoryError) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("layout", kvc.LAYOUTS)
+def test_plan_address_of_a_split_spec_is_where_the_op_writes(layout):
+    """CachePlan.address (and the CLI's walk built on it) follows split pages."""
+    specs = [kvc.CacheSpec("mla", 656, 2), kvc.CacheSpec("indexer", 132, 2, split=(128, 4))]
+    plan = kvc.plan_cache(specs, 6, 16, layout)
+    cache = kvc.allocate(plan, fill=0)
+    k = rand(40, 128, seed=5)
+    slots = torch.randperm(plan.num_slots, generator=torch.Generator().manual_seed(6))[:40]
+    kvc.ops.indexer_k_quant_and_cache(k, cache.view("indexer", 1), slots, placement="split")
+    codes, scales = ref.indexer_rows(k)
+    for t in (0, 7, 39):
+        slot = int(slots[t])
+        at = [plan.address("indexer", 1, slot, 0, b) for b in range(132)]
+        assert torch.equal(cache.buffer[at[:128]], codes[t])
+        assert torch.equal(cache.buffer[at[128:]], scales[t:t + 1].view(torch.uint8))

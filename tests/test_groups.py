@@ -142,10 +142,12 @@ def test_view_shape_and_address_count_rows():
     assert (c4.offset, c4.layer_stride) == (0, 37_440)  # the padded page is the layer stride
     assert plan.tensor("c4_indexer").offset == 30 * 37_440
     assert plan.tensor("c128_kv").offset == 30 * 37_440 + 30 * 4_608
-    # slot = block x rows + row
-    assert plan.address("c128_kv", 7, 3 * 2 + 1, byte=5) == (
-        30 * 37_440 + 30 * 4_608 + 7 * 1_728 + 3 * 1_315_008 + 584 + 5)
-    v[3, 0, 1, 5] = 9
+    # slot = block x rows + row; the 584-B rows are split pages (576, 8): row 1's byte 5 is at
+    # 1 x 576 + 5 in its page, its scale bytes after both rows' data
+    page = 30 * 37_440 + 30 * 4_608 + 7 * 1_728 + 3 * 1_315_008
+    assert plan.address("c128_kv", 7, 3 * 2 + 1, byte=5) == page + 576 + 5
+    assert plan.address("c128_kv", 7, 3 * 2 + 1, byte=577) == page + 2 * 576 + 8 + 1
+    v[3, 0].reshape(-1)[576 + 5] = 9  # the page's bytes, through the view
     assert buf[plan.address("c128_kv", 7, 7, byte=5)] == 9
     with pytest.raises(IndexError, match="slot"):
         plan.address("c128_kv", 0, 10)
