@@ -25,8 +25,8 @@ from typing import Iterable
 
 import torch
 
-from .layout import (DEFAULT_LAYOUT, INT64_MAX, LAYOUTS, BlockPage, CacheSpec, KVCacheTensor, split_address,
-                     _DIMS, _perm)
+from .layout import (DEFAULT_LAYOUT, INT64_MAX, LAYOUTS, BlockPage, CacheSpec, KVCacheTensor,
+                     SpecLookup, _DIMS, _perm, split_address)
 
 PACKINGS = ("overlay", "stack")
 
@@ -106,7 +106,7 @@ def _strides(order: str, s: CacheSpec, rows: int, num_blocks: int) -> dict[str, 
 
 
 @dataclass(frozen=True)
-class GroupPlan:
+class GroupPlan(SpecLookup):
     """A plan of several cache groups in one flat buffer (plan_cache(groups=...))."""
 
     groups: tuple[CacheGroup, ...]
@@ -122,26 +122,12 @@ class GroupPlan:
     def specs(self) -> tuple[CacheSpec, ...]:
         return tuple(s for g in self.groups for s in g.specs)
 
-    @property
-    def block_outer(self) -> bool:
-        return self.layout[0] == "B"
-
-    def spec(self, name: str) -> CacheSpec:
-        for s in self.specs:
-            if s.name == name:
-                return s
-        raise KeyError(f"no spec named {name!r}; the plan has {[s.name for s in self.specs]}")
-
     def group(self, name: str) -> CacheGroup:
         """The group named `name`, or the group holding the spec named `name`."""
         for g in self.groups:
             if g.name == name or any(s.name == name for s in g.specs):
                 return g
         raise KeyError(f"no group or spec named {name!r}; groups: {[g.name for g in self.groups]}")
-
-    def tensor(self, name: str) -> KVCacheTensor:
-        self.spec(name)
-        return self.tensors[name]
 
     def rows_per_block(self, name: str) -> int:
         return self.group(name).rows(self.spec(name))
@@ -161,11 +147,6 @@ class GroupPlan:
         g = self.group(name)
         start = block * self.block_stride + self.group_offsets[g.name]
         return start, start + g.block_bytes
-
-    def _check_layer(self, name: str, layer: int) -> None:
-        n = self.spec(name).num_layers
-        if not 0 <= layer < n:
-            raise IndexError(f"layer must be in [0, {n}) for spec {name!r}, got {layer}")
 
     def address(self, name: str, layer: int, slot: int, head: int = 0, byte: int = 0) -> int:
         """Byte offset of (spec, layer, slot, head, byte); slots count rows:

@@ -108,27 +108,13 @@ def _dense_strides(order: str, sizes: dict[str, int]) -> dict[str, int]:
     return strides
 
 
-@dataclass(frozen=True)
-class CachePlan:
-    specs: tuple[CacheSpec, ...]
-    num_blocks: int
-    block_size: int
-    layout: str
-    tensors: dict[str, KVCacheTensor] = field(repr=False)
-    total_bytes: int
+class SpecLookup:
+    """What every plan answers by spec name (CachePlan here, GroupPlan in groups.py): needs
+    `specs`, `tensors` and `layout`."""
 
     @property
     def block_outer(self) -> bool:
         return self.layout[0] == "B"
-
-    @property
-    def num_slots(self) -> int:
-        return self.num_blocks * self.block_size
-
-    @property
-    def block_stride(self) -> int:
-        """Bytes of one physical block: every spec's pages of one block (= total / num_blocks)."""
-        return self.total_bytes // self.num_blocks
 
     def spec(self, name: str) -> CacheSpec:
         for s in self.specs:
@@ -140,14 +126,33 @@ class CachePlan:
         self.spec(name)
         return self.tensors[name]
 
-    def page_bytes(self, name: str) -> int:
-        s = self.spec(name)
-        return self.block_size * s.num_heads * s.row_bytes
-
     def _check_layer(self, name: str, layer: int) -> None:
         n = self.spec(name).num_layers
         if not 0 <= layer < n:
             raise IndexError(f"layer must be in [0, {n}) for spec {name!r}, got {layer}")
+
+
+@dataclass(frozen=True)
+class CachePlan(SpecLookup):
+    specs: tuple[CacheSpec, ...]
+    num_blocks: int
+    block_size: int
+    layout: str
+    tensors: dict[str, KVCacheTensor] = field(repr=False)
+    total_bytes: int
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def block_stride(self) -> int:
+        """Bytes of one physical block: every spec's pages of one block (= total / num_blocks)."""
+        return self.total_bytes // self.num_blocks
+
+    def page_bytes(self, name: str) -> int:
+        s = self.spec(name)
+        return self.block_size * s.num_heads * s.row_bytes
 
     def address(self, name: str, layer: int, slot: int, head: int = 0, byte: int = 0) -> int:
         """Byte offset in the flat buffer of (spec, layer, slot, head, byte)."""
