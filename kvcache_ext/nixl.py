@@ -150,6 +150,9 @@ class TransferHandle:
             self._finish()
 
     def wait(self, timeout_s: float) -> None:
+        """Return when the transfer has finished; raise TimeoutError after timeout_s seconds. A
+        timed-out transfer keeps running (its bytes stay undefined) until it finishes or the
+        caller calls cancel()."""
         if not (isinstance(timeout_s, (int, float)) and timeout_s >= 0):
             raise ValueError(f"timeout_s must be a number >= 0, got {timeout_s!r}")
         deadline = time.monotonic() + timeout_s
