@@ -26,7 +26,7 @@ from typing import Iterable
 import torch
 
 from .layout import (DEFAULT_LAYOUT, INT64_MAX, LAYOUTS, BlockPage, CacheSpec, KVCacheTensor,
-                     SpecLookup, _DIMS, _perm, split_address)
+                     SpecLookup, _DIMS, _perm)
 
 PACKINGS = ("overlay", "stack")
 
@@ -147,37 +147,6 @@ class GroupPlan(SpecLookup):
         g = self.group(name)
         start = block * self.block_stride + self.group_offsets[g.name]
         return start, start + g.block_bytes
-
-    def address(self, name: str, layer: int, slot: int, head: int = 0, byte: int = 0) -> int:
-        """Byte offset of (spec, layer, slot, head, byte); slots count rows:
-        slot = block x rows_per_block + row (rows_per_block = group block size / ratio)."""
-        s = self.spec(name)
-        self._check_layer(name, layer)
-        rows = self.rows_per_block(name)
-        if not 0 <= slot < self.num_blocks * rows:
-            raise IndexError(f"slot must be in [0, {self.num_blocks * rows}) for spec {name!r} "
-                             f"({rows} rows per block), got {slot}")
-        if not 0 <= head < s.num_heads:
-            raise IndexError(f"head must be in [0, {s.num_heads}), got {head}")
-        if not 0 <= byte < s.row_bytes:
-            raise IndexError(f"byte must be in [0, {s.row_bytes}), got {byte}")
-        block, row = divmod(slot, rows)
-        return split_address(s, self.tensors[name], rows, layer, block, row, head, byte)
-
-    def view(self, buffer: torch.Tensor, name: str, layer: int) -> torch.Tensor:
-        """uint8 [num_blocks, H, rows_per_block, C] view of one layer of one spec."""
-        if buffer.dtype != torch.uint8 or buffer.dim() != 1:
-            raise TypeError(f"buffer must be a 1-D torch.uint8 tensor, got {buffer.dtype} "
-                            f"with shape {tuple(buffer.shape)}")
-        if buffer.numel() < self.total_bytes or buffer.stride(0) != 1:
-            raise ValueError(f"buffer must be contiguous and hold {self.total_bytes} bytes, "
-                             f"got {buffer.numel()}")
-        self._check_layer(name, layer)
-        s, t = self.spec(name), self.tensors[name]
-        return torch.as_strided(
-            buffer, (self.num_blocks, s.num_heads, self.rows_per_block(name), s.row_bytes),
-            (t.block_stride, t.head_stride, t.token_stride, 1),
-            buffer.storage_offset() + t.offset + layer * t.layer_stride)
 
     def block_pages(self) -> list[BlockPage]:
         """Pages of block 0 in address order (unpadded lengths; overlaid groups may overlap)."""

@@ -131,6 +131,40 @@ class SpecLookup:
         if not 0 <= layer < n:
             raise IndexError(f"layer must be in [0, {n}) for spec {name!r}, got {layer}")
 
+    def rows_per_block(self, name: str) -> int:
+        """Rows of spec `name` in one block (a slot counts rows: block x rows + row)."""
+        raise NotImplementedError
+
+    def address(self, name: str, layer: int, slot: int, head: int = 0, byte: int = 0) -> int:
+        """Byte offset in the flat buffer of (spec, layer, slot, head, byte)."""
+        s = self.spec(name)
+        self._check_layer(name, layer)
+        rows = self.rows_per_block(name)
+        if not 0 <= slot < self.num_blocks * rows:
+            raise IndexError(f"slot must be in [0, {self.num_blocks * rows}) for spec {name!r} "
+                             f"({rows} rows per block), got {slot}")
+        if not 0 <= head < s.num_heads:
+            raise IndexError(f"head must be in [0, {s.num_heads}), got {head}")
+        if not 0 <= byte < s.row_bytes:
+            raise IndexError(f"byte must be in [0, {s.row_bytes}), got {byte}")
+        block, row = divmod(slot, rows)
+        return split_address(s, self.tensors[name], rows, layer, block, row, head, byte)
+
+    def view(self, buffer: torch.Tensor, name: str, layer: int) -> torch.Tensor:
+        """uint8 [num_blocks, H, rows per block, C] view of one layer of one spec in `buffer`."""
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1:
+            raise TypeError(f"buffer must be a 1-D torch.uint8 tensor, got {buffer.dtype} "
+                            f"with shape {tuple(buffer.shape)}")
+        if buffer.numel() < self.total_bytes or buffer.stride(0) != 1:
+            raise ValueError(f"buffer must be contiguous and hold {self.total_bytes} bytes, "
+                             f"got {buffer.numel()}")
+        self._check_layer(name, layer)
+        s, t = self.spec(name), self.tensors[name]
+        return torch.as_strided(
+            buffer, (self.num_blocks, s.num_heads, self.rows_per_block(name), s.row_bytes),
+            (t.block_stride, t.head_stride, t.token_stride, 1),
+            buffer.storage_offset() + t.offset + layer * t.layer_stride)
+
 
 @dataclass(frozen=True)
 class CachePlan(SpecLookup):
@@ -154,35 +188,9 @@ class CachePlan(SpecLookup):
         s = self.spec(name)
         return self.block_size * s.num_heads * s.row_bytes
 
-    def address(self, name: str, layer: int, slot: int, head: int = 0, byte: int = 0) -> int:
-        """Byte offset in the flat buffer of (spec, layer, slot, head, byte)."""
-        s = self.spec(name)
-        self._check_layer(name, layer)
-        if not 0 <= slot < self.num_slots:
-            raise IndexError(f"slot must be in [0, {self.num_slots}), got {slot}")
-        if not 0 <= head < s.num_heads:
-            raise IndexError(f"head must be in [0, {s.num_heads}), got {head}")
-        if not 0 <= byte < s.row_bytes:
-            raise IndexError(f"byte must be in [0, {s.row_bytes}), got {byte}")
-        block, pos = divmod(slot, self.block_size)
-        return split_address(s, self.tensors[name], self.block_size, layer, block, pos, head, byte)
-
-    def view(self, buffer: torch.Tensor, name: str, layer: int) -> torch.Tensor:
-        """uint8 [num_blocks, H, block_size, C] view of one layer of one spec inside `buffer`."""
-        if buffer.dtype != torch.uint8 or buffer.dim() != 1:
-            raise TypeError(f"buffer must be a 1-D torch.uint8 tensor, got {buffer.dtype} "
-                            f"with shape {tuple(buffer.shape)}")
-        if buffer.numel() < self.total_bytes or buffer.stride(0) != 1:
-            raise ValueError(f"buffer must be contiguous and hold {self.total_bytes} bytes, "
-                             f"got {buffer.numel()}")
-        self._check_layer(name, layer)
-        s, t = self.spec(name), self.tensors[name]
-        return torch.as_strided(
-            buffer,
-            (self.num_blocks, s.num_heads, self.block_size, s.row_bytes),
-            (t.block_stride, t.head_stride, t.token_stride, 1),
-            buffer.storage_offset() + t.offset + layer * t.layer_stride,
-        )
+    def rows_per_block(self, name: str) -> int:
+        self.spec(name)
+        return self.block_size
 
     def block_pages(self) -> list[BlockPage]:
         """The pages of block 0 in address order; block b's are `block_stride * b` further on.
