@@ -16,14 +16,13 @@ Layer-outer layouts store each spec as its own dense [L, B, H, rows, C] tensor (
 the block stride), so groups never share bytes: "stack" works for any block sizes; "overlay"
 (which needs a shared block) is refused when there is more than one group.
 
-Plan math only: imports nothing but the layout module and torch.
+Plan math only: imports nothing but the layout module.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable
 
-import torch
 
 from .layout import (DEFAULT_LAYOUT, INT64_MAX, LAYOUTS, BlockPage, CacheSpec, KVCacheTensor,
                      SpecLookup, _DIMS, _perm)
