@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-
 from .layout import (DEFAULT_LAYOUT, INT64_MAX, LAYOUTS, BlockPage, CacheSpec, KVCacheTensor,
                      SpecLookup, _DIMS, _perm)
 
