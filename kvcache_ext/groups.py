@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from .layout import (DEFAULT_LAYOUT, INT64_MAX, LAYOUTS, BlockPage, CacheSpec, KVCacheTensor,
-                     SpecLookup, _DIMS, _perm)
+                     SpecLookup, _DIMS, _dense_strides, _perm)
 
 PACKINGS = ("overlay", "stack")
 
@@ -93,14 +93,7 @@ def _strides(order: str, s: CacheSpec, rows: int, num_blocks: int) -> dict[str, 
     unit below the inner of L and B; page_align > 1 needs H = 1) is padded to s.page_align."""
     sizes = {"L": s.num_layers, "B": num_blocks, "H": s.num_heads, "N": rows, "C": s.row_bytes}
     pad_at = "L" if "B" not in order or order.index("L") > order.index("B") else "B"
-    strides: dict[str, int] = {}
-    step = 1
-    for dim in reversed(order):
-        if dim == pad_at:
-            step = _round_up(step, s.page_align)
-        strides[dim] = step
-        step *= sizes[dim]
-    return strides
+    return _dense_strides(order, sizes, pad_at, s.page_align)
 
 
 @dataclass(frozen=True)

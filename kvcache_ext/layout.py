@@ -98,11 +98,15 @@ def _check_positive(name: str, value: object) -> int:
     return value
 
 
-def _dense_strides(order: str, sizes: dict[str, int]) -> dict[str, int]:
-    """Byte strides of a dense array whose dimensions are stored in `order` (outermost first)."""
+def _dense_strides(order: str, sizes: dict[str, int], pad_at: str | None = None,
+                   align: int = 1) -> dict[str, int]:
+    """Byte strides of a dense array whose dimensions are stored in `order` (outermost first);
+    the stride of dimension `pad_at` is rounded up to a multiple of `align` (padded pages)."""
     strides: dict[str, int] = {}
     step = 1
     for dim in reversed(order):
+        if dim == pad_at:
+            step = -(-step // align) * align
         strides[dim] = step
         step *= sizes[dim]
     return strides

@@ -131,19 +131,23 @@ def test_gather_kv_invalid_entries_read_as_zeros():
         kvc.ops.gather_kv(cache.view("k", 0), table, cu)
 
 
-@pytest.mark.parametrize("mutate,exc,match", [
-    (lambda a: a | {"value": a["value"][:, :2]}, ValueError, r"value.size\(1\) must be 3"),
-    (lambda a: a | {"v_view": a["v_view"][:5]}, ValueError, "k_view and v_view must share one block table"),
-    (lambda a: a | {"kv_cache_dtype": "fp8", "k_scale": None}, ValueError, "k_scale is required"),
-    (lambda a: a | {"k_scale": 1.0}, ValueError, "k_scale is only used"),
-    (lambda a: a | {"kv_cache_dtype": "fp8", "k_scale": 1.0, "v_scale": torch.tensor([1.0, 2.0])},
-     ValueError, r"v_scale must hold one value or one per head \[3\]"),
-    (lambda a: a | {"kv_cache_dtype": "fp8", "k_scale": torch.tensor([1.0, -2.0, 1.0]), "v_scale": 1.0},
-     ValueError, r"k_scale\[1\] must be finite and > 0"),
-    (lambda a: a | {"slot_mapping": torch.tensor([3, 3, 4])}, ValueError, "both slot 3"),
-    (lambda a: a | {"slot_mapping": torch.tensor([3, 999, 4])}, IndexError, r"slot_mapping\[1\] = 999"),
-])
-@pytest.mark.parametrize("fp8", [False, True])
+BOTH, AUTO, FP8 = (False, True), (False,), (True,)
+KV_BAD = [  # (mutation, error, message, caches it applies to: auto rows and/or fp8 rows)
+    (lambda a: a | {"value": a["value"][:, :2]}, ValueError, r"value.size\(1\) must be 3", BOTH),
+    (lambda a: a | {"v_view": a["v_view"][:5]}, ValueError, "k_view and v_view must share one block table", BOTH),
+    (lambda a: a | {"k_scale": None}, ValueError, "k_scale is required", FP8),
+    (lambda a: a | {"k_scale": 1.0}, ValueError, "k_scale is only used", AUTO),
+    (lambda a: a | {"v_scale": torch.tensor([1.0, 2.0])},
+     ValueError, r"v_scale must hold one value or one per head \[3\]", FP8),
+    (lambda a: a | {"k_scale": torch.tensor([1.0, -2.0, 1.0])},
+     ValueError, r"k_scale\[1\] must be finite and > 0", FP8),
+    (lambda a: a | {"slot_mapping": torch.tensor([3, 3, 4])}, ValueError, "both slot 3", BOTH),
+    (lambda a: a | {"slot_mapping": torch.tensor([3, 999, 4])}, IndexError, r"slot_mapping\[1\] = 999", BOTH),
+]
+
+
+@pytest.mark.parametrize("mutate,exc,match,fp8", [
+    (mutate, exc, match, fp8) for mutate, exc, match, caches in KV_BAD for fp8 in caches])
 def test_kv_write_bad_inputs(mutate, exc, match, fp8):
     """Each bad argument raises, naming it, and nothing is written (checked before writing)."""
     gc = guarded(kv_plan("BLHNC", 16, D if fp8 else 2 * D))
@@ -152,11 +156,6 @@ def test_kv_write_bad_inputs(mutate, exc, match, fp8):
             "slot_mapping": torch.arange(3)}
     if fp8:
         base |= {"kv_cache_dtype": "fp8", "k_scale": 1.0, "v_scale": 1.0}
-    a = mutate(base)
-    if fp8 and "k_scale is only used" in match:
-        pytest.skip("a case about the scale argument of an auto cache")
-    if not fp8 and a.get("kv_cache_dtype") == "fp8":
-        pytest.skip("a case about fp8 scales: the fp8 cache runs it")
     with pytest.raises(exc, match=match):
-        kvc.ops.reshape_and_cache_kv(**a)
+        kvc.ops.reshape_and_cache_kv(**mutate(base))
     gc.assert_unchanged()
