@@ -6,14 +6,15 @@
 #include <string>
 
 namespace kvc {
-namespace {
 
 std::string shape_str(const at::Tensor& t) { return c10::str(t.sizes()); }
 
+namespace {
 template <class T>
 T* ptr(const at::Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
+}  // namespace
 
 DType input_dtype(const at::Tensor& t, const char* arg, bool allow_fp32) {
   switch (t.scalar_type()) {
@@ -63,6 +64,8 @@ int64_t check_slot_mapping(const at::Tensor& sm, const at::Tensor& view, const c
   return sm.numel();
 }
 
+namespace {
+
 IndexerPlacement parse_placement(std::string_view placement) {
   if (placement == "row") return IndexerPlacement::kRow;
   if (placement == "split") return IndexerPlacement::kSplit;
@@ -107,6 +110,8 @@ void check_no_scale(const OptTensor& scale, std::string_view kv_cache_dtype) {
                     "a scale with kv_cache_dtype \"", kv_cache_dtype, "\"");
 }
 
+}  // namespace
+
 void check_row_bytes(const PagedView& v, int64_t want, const char* view_arg, const char* what) {
   TORCH_CHECK_VALUE(v.row_bytes == want, view_arg, " rows must be ", want, " bytes (", what,
                     "), got C = ", v.row_bytes);
@@ -116,6 +121,8 @@ void check_one_head(const PagedView& v, const char* view_arg) {
   TORCH_CHECK_VALUE(v.num_heads == 1, view_arg, " must have 1 head, got H = ", v.num_heads);
 }
 
+namespace {
+
 // A split page puts every token's codes first and the scales after them: it is only defined
 // on a contiguous page. A view sliced along tokens would send those bytes outside the view.
 void check_split_page(const PagedView& v, IndexerPlacement placement, const char* view_arg) {
@@ -123,6 +130,8 @@ void check_split_page(const PagedView& v, IndexerPlacement placement, const char
                     view_arg, " must have contiguous pages for placement=\"split\" (token stride ",
                     kIndexerRowBytes, " bytes), got token stride ", v.token_stride);
 }
+
+}  // namespace
 
 const int32_t* int32_vector(const at::Tensor& t, const char* arg, int64_t n, const at::Tensor& view) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, arg, " must be int32, got ", t.scalar_type());
@@ -162,8 +171,6 @@ TokenSource token_source(const GatherSource& g, const at::Tensor& view, int64_t 
   if (g.seq_starts) s.seq_starts = int32_vector(*g.seq_starts, "seq_starts", s.num_reqs, view);
   return s;
 }
-
-}  // namespace
 
 PagedView paged_view(const at::Tensor& view, const char* arg) {
   TORCH_CHECK_TYPE(view.scalar_type() == at::kByte, arg, " must be a torch.uint8 cache view, got ",

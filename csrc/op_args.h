@@ -3,7 +3,9 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <initializer_list>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "kernels.h"
@@ -14,6 +16,20 @@ using OptTensor = std::optional<at::Tensor>;
 using OptStr = std::optional<std::string_view>;
 
 PagedView paged_view(const at::Tensor& view, const char* arg);
+
+// Building blocks of the argument parsers (op_args.cpp, v4_args.cpp).
+std::string shape_str(const at::Tensor& t);
+DType input_dtype(const at::Tensor& t, const char* arg, bool allow_fp32);
+void check_same_device(const at::Tensor& t, const char* arg, const at::Tensor& view,
+                       const char* view_arg);
+// Rows input: rank 1 + tail.size(), at least num_tokens rows, the given trailing sizes (-1: any),
+// last dimension contiguous.
+void check_rows(const at::Tensor& t, const char* arg, int64_t num_tokens,
+                std::initializer_list<int64_t> tail);
+int64_t check_slot_mapping(const at::Tensor& sm, const at::Tensor& view, const char* view_arg);
+void check_row_bytes(const PagedView& v, int64_t want, const char* view_arg, const char* what);
+void check_one_head(const PagedView& v, const char* view_arg);
+const int32_t* int32_vector(const at::Tensor& t, const char* arg, int64_t n, const at::Tensor& view);
 
 PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
                                   const at::Tensor& slot_mapping, std::string_view kv_cache_dtype,
@@ -40,6 +56,7 @@ KvGatherParams kv_gather_args(const at::Tensor& view, const GatherSource& src,
 IndexerGatherParams indexer_gather_args(const at::Tensor& view, const GatherSource& src,
                                         std::string_view placement, const at::Tensor& codes,
                                         const at::Tensor& scales);
+TokenSource token_source(const GatherSource& g, const at::Tensor& view, int64_t out_rows);
 
 // Host-side checks that read tensor values (op_checks.cpp). They take CPU tensors (the CUDA backend copies
 // the small metadata tensors first) and run before anything is written.

@@ -15,6 +15,7 @@
 
 #include "nvtx.h"
 #include "op_args.h"
+#include "v4_args.h"
 
 namespace kvc {
 namespace {
@@ -195,6 +196,52 @@ void gather_indexer_slots(const Tensor& view, const Tensor& slots, S placement,
                      scales, validate);
 }
 
+// DeepSeek-V4 rows (v4_rows.h): quantizing writes and dequantizing reads.
+void v4_quant_and_cache(const Tensor& x, const Tensor& view, const Tensor& slot_mapping, S format,
+                        S scale_floor) {
+  NvtxRange range("kvc::v4_quant_and_cache");
+  run_write(view, slot_mapping,
+            v4_write_args(x, view, slot_mapping, parse_v4_format(sv(format)), sv(scale_floor)),
+            cpu::v4_write, [](const V4WriteParams& p, void* s) { KVC_CUDA(cuda::v4_write(p, s)); });
+}
+
+void run_v4_gather(const Tensor& view, const GatherSource& src, S format, const Tensor& out,
+                   bool validate) {
+  run_gather(view, src, v4_gather_args(view, src, parse_v4_format(sv(format)), out), validate,
+             cpu::v4_gather, [](const V4GatherParams& p, void* s) { KVC_CUDA(cuda::v4_gather(p, s)); });
+}
+
+void gather_v4(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
+               const std::optional<Tensor>& seq_starts, S format, const Tensor& out, bool validate) {
+  NvtxRange range("kvc::gather_v4");
+  run_v4_gather(view, {block_table, cu_seq_lens, seq_starts, std::nullopt}, format, out, validate);
+}
+
+void gather_v4_slots(const Tensor& view, const Tensor& slots, S format, const Tensor& out,
+                     bool validate) {
+  NvtxRange range("kvc::gather_v4_slots");
+  run_v4_gather(view, {std::nullopt, std::nullopt, std::nullopt, slots}, format, out, validate);
+}
+
+// A request's compressed rows then its SWA window, requests concatenated (CompressedSwaSource).
+void gather_v4_window(const Tensor& c_view, const Tensor& c_block_table, const Tensor& swa_view,
+                      const Tensor& swa_block_table, const Tensor& seq_lens, const Tensor& cu_out,
+                      int64_t ratio, int64_t window, const Tensor& out, bool validate) {
+  NvtxRange range("kvc::gather_v4_window");
+  const WindowSource src{c_block_table, swa_block_table, seq_lens, cu_out};
+  const V4WindowGatherParams p = v4_window_gather_args(c_view, swa_view, src, ratio, window, out);
+  if (validate) {
+    check_window_source(c_view.is_cpu() ? src
+                                        : WindowSource{c_block_table.cpu(), swa_block_table.cpu(),
+                                                       seq_lens.cpu(), cu_out.cpu()},
+                        p);
+  }
+  if (p.num_tokens == 0) return;
+  if (c_view.is_cpu()) return cpu::v4_window_gather(p);
+  c10::DeviceGuard guard(c_view.device());
+  KVC_CUDA(cuda::v4_window_gather(p, stream_of(c_view)));
+}
+
 // Keeps a pinned host buffer from being reused by torch's host allocator until the work queued
 // on `stream` so far has finished (the caller may drop its tensor before the copy runs).
 void record_pinned_use(const Tensor& host, const Tensor& gpu) {
@@ -270,6 +317,10 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
   m.impl("gather_mla_slots", &gather_mla_slots);             \
   m.impl("gather_indexer", &gather_indexer);                 \
   m.impl("gather_indexer_slots", &gather_indexer_slots);     \
+  m.impl("v4_quant_and_cache", &v4_quant_and_cache);       \
+  m.impl("gather_v4", &gather_v4);                         \
+  m.impl("gather_v4_slots", &gather_v4_slots);             \
+  m.impl("gather_v4_window", &gather_v4_window);           \
   m.impl("copy_spans", &copy_spans)
 
 TORCH_LIBRARY_IMPL(kvcache_ext, CPU, m) { KVC_REGISTER_ALL(m); }

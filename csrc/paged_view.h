@@ -70,19 +70,32 @@ struct IndexerAddress {
   int64_t scale;  // byte offset of the fp32 scale
 };
 
-// `row`: token n's 132 bytes at n * token_stride (codes then scale).
-// `split`: codes at n * 128, scales packed after all codes at block_size * 128 + 4 n.
-// `split` is defined on a contiguous page (token_stride == 132): the op layer refuses views
-// whose pages are not (e.g. sliced along tokens), so it never addresses bytes outside them.
-KVC_HD IndexerAddress indexer_address(const PagedView& v, int64_t slot, IndexerPlacement p) {
+// A split page of a one-head view holds rows of (a + b) bytes as all rows' first a bytes, then
+// all rows' last b bytes: row n's parts at n * a and block_size * a + n * b (SPEC 10, layout.py
+// split_address). Defined on contiguous pages (token_stride == a + b), which the op layer checks.
+struct SplitAddress {
+  int64_t first;  // byte offset of the row's first a bytes
+  int64_t last;   // byte offset of its last b bytes
+};
+
+KVC_HD SplitAddress split_address(const PagedView& v, int64_t slot, int64_t a, int64_t b) {
   int64_t block, pos;
   v.split(slot, block, pos);
   const int64_t page = block * v.block_stride;
+  return {page + pos * a, page + v.block_size * a + pos * b};
+}
+
+// `row`: token n's 132 bytes at n * token_stride (codes then scale).
+// `split`: codes at n * 128, scales packed after all codes at block_size * 128 + 4 n.
+KVC_HD IndexerAddress indexer_address(const PagedView& v, int64_t slot, IndexerPlacement p) {
   if (p == IndexerPlacement::kRow) {
-    const int64_t row = page + pos * v.token_stride;
+    int64_t block, pos;
+    v.split(slot, block, pos);
+    const int64_t row = block * v.block_stride + pos * v.token_stride;
     return {row, row + kIndexerDim};
   }
-  return {page + pos * kIndexerDim, page + v.block_size * kIndexerDim + 4 * pos};
+  const SplitAddress a = split_address(v, slot, kIndexerDim, 4);
+  return {a.first, a.last};
 }
 
 // MLA fp8_ds_mla rows: 4 tiles of 128 fp8 codes, 4 fp32 scales, 64 bf16 rope values.
@@ -97,6 +110,21 @@ constexpr int64_t kMlaFp8RowBytes = kMlaRopeOffset + 2 * kMlaRopeDim;  // 656
 // What TokenSource::slot_of returns besides a valid slot.
 constexpr int64_t kZeroRow = -1;  // a token without a valid slot: its output row is zeroed
 constexpr int64_t kNoRow = -2;    // past cu_seq_lens[-1]: no token, the caller's row is kept
+
+// Slot of position (row) pos of a request whose block-table row is bt (max_blocks entries):
+// kZeroRow when the position or its block-table entry is outside the view.
+KVC_HD int64_t block_table_slot(const int32_t* bt, int64_t max_blocks, int64_t pos,
+                                const PagedView& v) {
+  if (pos < 0 || pos >= max_blocks * v.block_size) return kZeroRow;
+  const int64_t logical = (v.block_size & (v.block_size - 1)) == 0
+                              ? pos >> (63 - clz64(static_cast<uint64_t>(v.block_size)))
+                          : (pos | v.block_size) <= 0x7FFFFFFF ? static_cast<int64_t>(static_cast<uint32_t>(pos) /
+                                                                     static_cast<uint32_t>(v.block_size))
+                                              : pos / v.block_size;
+  const int64_t block = bt[logical];
+  if (block < 0 || block >= v.num_blocks) return kZeroRow;
+  return block * v.block_size + (pos - logical * v.block_size);
+}
 
 // Tokens of a gather: either explicit slots, or requests read through a block table.
 struct TokenSource {
@@ -123,11 +151,7 @@ struct TokenSource {
         if (cu_seq_lens[mid] <= t) lo = mid; else hi = mid;
       }
       const int64_t pos = t - cu_seq_lens[lo] + (seq_starts ? seq_starts[lo] : 0);
-      const int64_t logical = pos / v.block_size;
-      if (pos < 0 || logical >= max_blocks) return kZeroRow;
-      const int64_t block = block_table[lo * bt_stride + logical];
-      if (block < 0 || block >= v.num_blocks) return kZeroRow;
-      slot = block * v.block_size + (pos - logical * v.block_size);
+      return block_table_slot(block_table + lo * bt_stride, max_blocks, pos, v);
     }
     return v.valid_slot(slot) ? slot : kZeroRow;
   }

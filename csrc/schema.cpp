@@ -28,6 +28,18 @@ TORCH_LIBRARY(kvcache_ext, m) {
         "str placement, Tensor(a!) codes, Tensor(b!) scales, bool validate=True) -> ()");
   m.def("gather_indexer_slots(Tensor view, Tensor slots, str placement, Tensor(a!) codes, "
         "Tensor(b!) scales, bool validate=True) -> ()");
+  // DeepSeek-V4 rows in split pages: format "fp8_ds_mla_v4" (584 B <-> 512 values) or "mxfp4"
+  // (68 B <-> 128 values); reads give bf16 / fp32 values or raw rows (uint8 out).
+  m.def("v4_quant_and_cache(Tensor x, Tensor(a!) view, Tensor slot_mapping, str format, "
+        "str scale_floor=\"amax\") -> ()");
+  m.def("gather_v4(Tensor view, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts, "
+        "str format, Tensor(a!) out, bool validate=True) -> ()");
+  m.def("gather_v4_slots(Tensor view, Tensor slots, str format, Tensor(a!) out, "
+        "bool validate=True) -> ()");
+  // Per request: its compressed rows, then its last `window` SWA rows (fp8_ds_mla_v4 views).
+  m.def("gather_v4_window(Tensor c_view, Tensor c_block_table, Tensor swa_view, "
+        "Tensor swa_block_table, Tensor seq_lens, Tensor cu_out, int ratio, int window, "
+        "Tensor(a!) out, bool validate=True) -> ()");
   // Byte spans [S, 3] = (src offset, dst offset, length) between two flat buffers.
   m.def("copy_spans(Tensor src, Tensor(a!) dst, Tensor spans) -> ()");
 }

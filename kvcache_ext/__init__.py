@@ -3,7 +3,7 @@
 `kvcache_ext.nixl` (moving caches between processes with NIXL) is imported on first use of
 `kvc.nixl` or by `import kvcache_ext.nixl`; `import kvcache_ext` alone never imports nixl.
 """
-from . import capacity, ops, presets, reference
+from . import capacity, ops, ops_v4, presets, reference
 from .cache import KVCache, allocate
 from .groups import CacheGroup, GroupPlan
 from .layout import (DEFAULT_LAYOUT, LAYOUTS, CachePlan, CacheSpec, KVCacheTensor, layout_order,
@@ -18,7 +18,7 @@ __all__ = [
     "GroupTransferPlan",
     "KVCache", "KVCacheTensor",
     "TransferPlan", "allocate", "block_spans", "capacity", "check_slot_mapping", "check_spans",
-    "copy_blocks", "copy_spans", "layout_order", "merge_spans", "ops", "plan_cache", "presets",
+    "copy_blocks", "copy_spans", "layout_order", "merge_spans", "ops", "ops_v4", "plan_cache", "presets",
     "reference", "slot_mapping",
 ]
 

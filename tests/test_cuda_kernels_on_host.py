@@ -31,7 +31,7 @@ def simt():
     build.mkdir(parents=True, exist_ok=True)
     return load(name="kvc_simt_host",
                 sources=[str(ROOT / "tests/simt/simt_ops.cpp"), str(ROOT / "csrc/op_args.cpp"),
-                         str(ROOT / "csrc/op_checks.cpp")],
+                         str(ROOT / "csrc/op_checks.cpp"), str(ROOT / "csrc/v4_args.cpp")],
                 extra_include_paths=[str(ROOT / "csrc"), str(ROOT / "tests/simt")],
                 extra_cflags=["-O1", "-std=c++20", "-ffp-contract=off", "-fno-trapping-math"],
                 build_directory=str(build), verbose=False)
@@ -256,3 +256,82 @@ def test_exact_reciprocal_only_for_powers_of_two(simt):
     x = torch.cat([x, torch.tensor([1e-40, 3e38, -0.0, float("inf"), float("nan")])])
     for s, rs in zip(pow2[::7], r[: len(pow2)][::7]):
         assert torch.equal((x * rs).view(torch.int32)[~x.isnan()], (x / s).view(torch.int32)[~x.isnan()])
+
+
+def v4_inputs(t: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(21)
+    x = (torch.randn(t, 530, generator=g) * torch.logspace(-2, 2, t).unsqueeze(1)).to(dtype)
+    x[1, 3], x[2, 70], x[3, 130] = float("nan"), float("inf"), float("-inf")
+    x[4, :64] = 0
+    return x
+
+
+@pytest.mark.parametrize("layout", ["BLHNC", "BLNHC"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_v4_writes_give_the_cpu_bytes(simt, layout, dtype):
+    """DeepSeek-V4's 584-B and MXFP4 rows in the packed V4-Pro slab; the MXFP4 input starts 7
+    elements into each row (no 16-B aligned loads)."""
+    plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("pro"), num_blocks=3, layout=layout)
+    rows = plan.num_blocks * plan.rows_per_block("c4_kv")
+    t = 37
+    g = torch.Generator().manual_seed(22)
+    slots = torch.randperm(rows, generator=g)[:t].to(torch.int64)
+    slots[::7] = -1
+    slots[3], slots[5] = rows, BAD
+    oracle = torch.where(slots >= rows, -1, slots)
+    x = v4_inputs(t, dtype)
+    cuda_gc, cpu_gc = guarded(plan, seed=23), guarded(plan, seed=23)
+    for gc, s, ops in ((cuda_gc, slots, simt), (cpu_gc, oracle, torch.ops.kvcache_ext)):
+        ops.v4_quant_and_cache(x[:, :512], gc.view("c4_kv", 1), s, "fp8_ds_mla_v4", "amax")
+        ops.v4_quant_and_cache(x[:, 9:521], gc.view("swa0_kv", 2), s.flip(0), "fp8_ds_mla_v4", "scale")
+        ops.v4_quant_and_cache(x[:, 7:135], gc.view("c4_indexer", 0), s, "mxfp4", "amax")
+    assert (cpu_gc.whole != guarded(plan, seed=23).whole).sum() > t * 584
+    if not torch.equal(cuda_gc.whole, cpu_gc.whole):
+        diff = torch.nonzero(cuda_gc.whole != cpu_gc.whole).squeeze(1)
+        raise AssertionError(f"{diff.numel()} bytes differ, first at {diff[:8].tolist()}")
+
+
+def test_v4_gathers_give_the_cpu_bytes(simt):
+    plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("pro"), num_blocks=4, layout="BLHNC")
+    gc = guarded(plan, seed=24)
+    rows = plan.num_blocks * 64
+    x = v4_inputs(rows, torch.bfloat16)
+    every = torch.arange(rows)
+    for name in ("c4_kv", "swa0_kv"):
+        kvc.ops_v4.v4_mla_quant_and_cache(x[:, :512], gc.view(name, 0), every)
+    kvc.ops_v4.mxfp4_quant_and_cache(x[:, :128], gc.view("c4_indexer", 0), every)
+    gc.view("c4_kv", 0)[0, 0, 0, :3] = 0x7F                       # NaN codes
+    g = torch.Generator().manual_seed(25)
+    table = torch.randint(-2, 6, (2, 5), generator=g, dtype=torch.int32)  # entries outside the view
+    cu = torch.tensor([0, 70, 110], dtype=torch.int32)
+    starts = torch.tensor([3, 60], dtype=torch.int32)
+    slots = torch.randint(-1, rows + 3, (30,), generator=g)
+    slots[4], slots[6] = BAD, 0
+    for name, fmt, width in (("c4_kv", "fp8_ds_mla_v4", 512), ("c4_indexer", "mxfp4", 128)):
+        view = gc.view(name, 0)
+        for dtype, cols in ((torch.bfloat16, width), (torch.float32, width),
+                            (torch.uint8, kvc.ops_v4.V4_ROW_BYTES[fmt])):
+            for by_table in (True, False):
+                n = int(cu[-1]) + 3 if by_table else slots.numel()
+                got = poisoned(n, cols, dtype=dtype, pad=3)
+                want = got.clone()
+                if by_table:
+                    simt.gather_v4(view, table, cu, starts, None, fmt, got)
+                    torch.ops.kvcache_ext.gather_v4(view, table, cu, starts, fmt, want, False)
+                else:
+                    simt.gather_v4(view, None, None, None, slots, fmt, got)
+                    torch.ops.kvcache_ext.gather_v4_slots(view, slots, fmt, want, False)
+                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (fmt, dtype, by_table)
+                assert got.view(torch.uint8).any()
+    lens = torch.tensor([150, 3, 0, 70], dtype=torch.int32)
+    c_bt = torch.tensor([[0], [1], [-1], [9]], dtype=torch.int32)
+    s_bt = torch.tensor([[0, 1, 2], [3, -1, -1], [-1, -1, -1], [2, 1, -1]], dtype=torch.int32)
+    cu_out = kvc.ops_v4.window_rows(lens, 4)
+    for dtype, cols in ((torch.bfloat16, 512), (torch.float32, 512), (torch.uint8, 584)):
+        got = poisoned(int(cu_out[-1]) + 2, cols, dtype=dtype, pad=1)
+        want = got.clone()
+        simt.gather_v4_window(gc.view("c4_kv", 0), c_bt, gc.view("swa0_kv", 0), s_bt, lens, cu_out,
+                              4, 128, got)
+        torch.ops.kvcache_ext.gather_v4_window(gc.view("c4_kv", 0), c_bt, gc.view("swa0_kv", 0),
+                                               s_bt, lens, cu_out, 4, 128, want, False)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), dtype

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kvcache_ext as kvc
-from kvcache_ext import ops
+from kvcache_ext import ops, ops_v4
 
 from conftest import dsa_plan
 
@@ -37,7 +37,25 @@ def cases(device: str):
     other = kvc.allocate(plan, device=device, fill=1)
     spans = kvc.block_spans(plan, torch.tensor([[0, 1], [2, 3]]))
     ops.concat_and_cache_mla(x[:, :512], x[:, 512:], mla, slots)
+    v4 = kvc.allocate(kvc.plan_cache(groups=kvc.presets.deepseek_v4("flash"), num_blocks=3,
+                                     layout="BLHNC"), device=device, fill=0)
+    c4, swa, mx = v4.view("c4_kv", 0), v4.view("swa0_kv", 0), v4.view("c4_indexer", 0)
+    v4_slots = torch.tensor([0, 5, -1, 130], device=device)
+    v4_lens = torch.tensor([70, 9], dtype=torch.int32, device=device)
+    v4_bt = torch.tensor([[0], [1]], dtype=torch.int32, device=device)
+    v4_swa_bt = torch.tensor([[0, 1], [2, 0]], dtype=torch.int32, device=device)
+    ops_v4.v4_mla_quant_and_cache(x[:, :512], c4, v4_slots)
     return {
+        "v4_quant_and_cache": (OPS.v4_quant_and_cache, (x[:4, :512], c4, v4_slots, "fp8_ds_mla_v4",
+                                                        "scale")),
+        "v4_quant_and_cache_mxfp4": (OPS.v4_quant_and_cache, (k[:4], mx, v4_slots, "mxfp4", "amax")),
+        "gather_v4": (OPS.gather_v4, (c4, v4_bt, torch.tensor([0, 17, 20], dtype=torch.int32,
+                                                               device=device),
+                                      None, "fp8_ds_mla_v4", bf[:20, :512], True)),
+        "gather_v4_slots": (OPS.gather_v4_slots, (mx, v4_slots, "mxfp4", u8(4, 68), True)),
+        "gather_v4_window": (OPS.gather_v4_window, (
+            c4, v4_bt, swa, v4_swa_bt, v4_lens, ops_v4.window_rows(v4_lens, 4),
+            4, 128, torch.empty(70 + 17 + 2 + 9, 512, device=device), True)),
         "reshape_and_cache": (OPS.reshape_and_cache, (key, kv_cache.view("k", 0), kv_slots, "auto", None)),
         "reshape_and_cache_fp8": (OPS.reshape_and_cache, (
             key, kvc.allocate(kvc.plan_cache([kvc.CacheSpec("k", 32, 1, 2)], 4, 16), device=device,

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "../kernels.h"  // MlaGatherMode
 #include "../numerics.h"
 
 #if defined(__CUDACC__)
@@ -182,6 +183,56 @@ __device__ __forceinline__ float group_max(float v) {
 #pragma unroll
   for (int off = kWidth / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xFFFFFFFFu, v, off));
   return v;
+}
+
+// ---- Dequantizing reads ----
+// Two floats -> two bf16 (round to nearest even, NaN -> 0x7FC0): one paired hardware conversion
+// on sm_80+ (its NaN is replaced), the software rounding elsewhere.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  uint32_t w = *reinterpret_cast<const uint32_t*>(&h);
+  if (lo != lo) w = (w & 0xFFFF0000u) | 0x7FC0u;
+  if (hi != hi) w = (w & 0xFFFFu) | 0x7FC00000u;
+  return w;
+#else
+  return float_to_bf16(lo) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
+#endif
+}
+
+// n decoded values (n % 4 == 0) as bf16 or fp32 words at dst; fp32 NaN canonical.
+template <MlaGatherMode kMode, int N>
+__device__ __forceinline__ void store_values(uint8_t* dst, const float (&v)[N]) {
+  if constexpr (kMode == MlaGatherMode::kDequantBf16) {
+    uint32_t w[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) w[i] = pack_bf16(v[2 * i], v[2 * i + 1]);
+    store_words(dst, w);
+  } else {
+    uint32_t w[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = float_bits(canonical_nan(v[i]));
+    store_words(dst, w);
+  }
+}
+
+// N codes (N % 4 == 0) held in words, decoded and multiplied by scale. On sm_89+ the hardware
+// widens two codes at a time to fp16 (exact: e4m3 is a subset of fp16), then to fp32 (exact).
+template <int N>
+__device__ __forceinline__ void decode_words(const uint32_t (&c)[N / 4], float scale, float (&v)[N]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#pragma unroll
+  for (int i = 0; i < N; i += 2) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(c[i / 4] >> (8 * (i % 4))), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    v[i] = f.x * scale;
+    v[i + 1] = f.y * scale;
+  }
+#else
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = e4m3_decode(static_cast<uint8_t>(c[i / 4] >> (8 * (i % 4)))) * scale;
+#endif
 }
 
 }  // namespace kvc::cuda

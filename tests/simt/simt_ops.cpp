@@ -8,10 +8,12 @@
 #include <string>
 
 #include "op_args.h"
+#include "v4_args.h"
 #include "simt_host.h"
 // after simt_host.h:
 #include "cuda/copy_kernels.cuh"
 #include "cuda/gather_kernels.cuh"
+#include "cuda/v4_kernels.cuh"
 #include "cuda/write_kernels.cuh"
 
 namespace {
@@ -96,6 +98,28 @@ void gather_indexer(const Tensor& view, const std::optional<Tensor>& block_table
   if (p.num_tokens) kvc::cuda::dispatch_indexer_gather(p, Launch{});
 }
 
+void v4_quant_and_cache(const Tensor& x, const Tensor& view, const Tensor& slot_mapping,
+                        const std::string& format, const std::string& scale_floor) {
+  const auto p = kvc::v4_write_args(x, view, slot_mapping, kvc::parse_v4_format(format), scale_floor);
+  if (p.num_tokens) kvc::cuda::dispatch_v4_write(p, Launch{});
+}
+
+void gather_v4(const Tensor& view, const std::optional<Tensor>& block_table,
+               const std::optional<Tensor>& cu_seq_lens, const std::optional<Tensor>& seq_starts,
+               const std::optional<Tensor>& slots, const std::string& format, const Tensor& out) {
+  const auto p = kvc::v4_gather_args(view, source(block_table, cu_seq_lens, seq_starts, slots),
+                                     kvc::parse_v4_format(format), out);
+  if (p.num_tokens) kvc::cuda::dispatch_v4_gather(p, Launch{});
+}
+
+void gather_v4_window(const Tensor& c_view, const Tensor& c_block_table, const Tensor& swa_view,
+                      const Tensor& swa_block_table, const Tensor& seq_lens, const Tensor& cu_out,
+                      int64_t ratio, int64_t window, const Tensor& out) {
+  const auto p = kvc::v4_window_gather_args(
+      c_view, swa_view, {c_block_table, swa_block_table, seq_lens, cu_out}, ratio, window, out);
+  if (p.num_tokens) kvc::cuda::dispatch_v4_window_gather(p, Launch{});
+}
+
 // The one-launch span copy: spans checked and chunked as the op does, then the kernel.
 void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans, int64_t chunk) {
   const int64_t n = spans.size(0);
@@ -136,6 +160,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reshape_and_cache_kv", &reshape_and_cache_kv);
   m.def("gather_kv", &gather_kv);
   m.def("copy_spans", &copy_spans);
+  m.def("v4_quant_and_cache", &v4_quant_and_cache);
+  m.def("gather_v4", &gather_v4);
+  m.def("gather_v4_window", &gather_v4_window);
   m.def("canonical_nan_codes", &canonical_nan_codes);
   m.def("exact_recip", &exact_recip);
 }

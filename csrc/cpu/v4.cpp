@@ -1,0 +1,139 @@
+// CPU loops of DeepSeek-V4's rows (v4_rows.h): quantizing writes and dequantizing reads of
+// the 584-byte fp8_ds_mla and 68-byte MXFP4 rows in split pages. Slots were range-checked by
+// the op layer before the first write; negative slots are padding.
+#include <ATen/Parallel.h>
+
+#include <cstring>
+
+#include "../v4_kernels.h"
+#include "rows.h"
+
+namespace kvc::cpu {
+namespace {
+
+constexpr int64_t kGrain = 64;
+
+// n input values as bf16 bits: the input itself when it is bf16, else rounded into buf.
+const uint16_t* as_bf16(const void* src, DType t, int64_t n, uint16_t* buf) {
+  if (t == DType::kBFloat16) return static_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) buf[i] = float_to_bf16(load_as_float(src, i, t));
+  return buf;
+}
+
+void mla_row(const uint16_t* x, bool scale_floor, uint8_t* data, uint8_t* scales) {
+  for (int64_t k = 0; k < kV4Tiles; ++k) {
+    const uint16_t* tile = x + k * kV4Tile;
+    const int32_t e = v4_mla_exponent(row_amax(tile, DType::kBFloat16, kV4Tile), scale_floor);
+    // IEEE division by 2^e (inf for a tile holding +-inf: finite values -> +-0, inf -> NaN code)
+    quantize_row(tile, DType::kBFloat16, kV4Tile, pow2f(e), data + k * kV4Tile);
+    scales[k] = v4_scale_byte(e);
+  }
+  std::memcpy(data + kV4Nope, x + kV4Nope, 2 * (kV4Dim - kV4Nope));
+  scales[kV4Tiles] = 0;
+}
+
+void mxfp4_row(const uint16_t* x, uint8_t* packed, uint8_t* scales) {
+  for (int64_t b = 0; b < kMxfp4ScaleBytes; ++b) {
+    const uint16_t* block = x + b * kMxfp4Block;
+    const int32_t e = mxfp4_exponent(row_amax(block, DType::kBFloat16, kMxfp4Block));
+    const float m = pow2f(-e);
+    for (int64_t i = 0; i < kMxfp4Block / 2; ++i) {
+      const uint8_t lo = e2m1_encode(bf16_to_float(block[2 * i]) * m);
+      const uint8_t hi = e2m1_encode(bf16_to_float(block[2 * i + 1]) * m);
+      packed[b * kMxfp4Block / 2 + i] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+    scales[b] = static_cast<uint8_t>(e + 127);
+  }
+}
+
+// One V4 row at (data, footer) decoded into out (mode: raw bytes, bf16 or fp32 values).
+void decode_row_v4(V4Format f, MlaGatherMode mode, const uint8_t* data, const uint8_t* footer,
+                   uint8_t* out) {
+  if (mode == MlaGatherMode::kCopyRow) {
+    std::memcpy(out, data, v4_data_bytes(f));
+    std::memcpy(out + v4_data_bytes(f), footer, v4_footer_bytes(f));
+    return;
+  }
+  const DType t = mode == MlaGatherMode::kDequantBf16 ? DType::kBFloat16 : DType::kFloat32;
+  const int64_t es = dtype_size(t);
+  if (f == V4Format::kMla) {
+    for (int64_t k = 0; k < kV4Tiles; ++k)
+      decode_row(data + k * kV4Tile, kV4Tile, pow2f(footer[k] - 127), t, out + k * kV4Tile * es);
+    const uint8_t* rope = data + kV4Nope;
+    if (t == DType::kBFloat16) {
+      std::memcpy(out + 2 * kV4Nope, rope, 2 * (kV4Dim - kV4Nope));
+    } else {
+      for (int64_t i = 0; i < kV4Dim - kV4Nope; ++i) {
+        uint16_t h;
+        std::memcpy(&h, rope + 2 * i, 2);
+        store_float(out, kV4Nope + i, bf16_to_float(h), t);
+      }
+    }
+    return;
+  }
+  for (int64_t b = 0; b < kMxfp4ScaleBytes; ++b) {
+    const float s = pow2f(footer[b] - 127);
+    for (int64_t i = 0; i < kMxfp4Block; ++i) {
+      const int64_t n = b * kMxfp4Block + i;
+      store_float(out, n, e2m1_decode(data[n / 2] >> (4 * (n % 2))) * s, t);
+    }
+  }
+}
+
+}  // namespace
+
+void v4_write(const V4WriteParams& p) {
+  const int64_t dim = v4_dim(p.format), es = dtype_size(p.dtype);
+  at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+    uint16_t buf[kV4Dim];
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t slot = p.slots[t];
+      if (!p.view.valid_slot(slot)) continue;
+      const uint16_t* x =
+          as_bf16(static_cast<const uint8_t*>(p.x) + t * p.x_stride * es, p.dtype, dim, buf);
+      const SplitAddress a = v4_address(p.view, slot, p.format);
+      if (p.format == V4Format::kMla)
+        mla_row(x, p.scale_floor, p.view.base + a.first, p.view.base + a.last);
+      else
+        mxfp4_row(x, p.view.base + a.first, p.view.base + a.last);
+    }
+  });
+}
+
+void v4_gather(const V4GatherParams& p) {
+  const int64_t out_bytes = v4_out_row_bytes(p.format, p.mode);
+  at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      uint8_t* out = p.out + t * p.out_stride;
+      const int64_t slot = p.src.slot_of(t, p.view);
+      if (slot == kNoRow) continue;
+      if (slot < 0) {
+        std::memset(out, 0, out_bytes);
+        continue;
+      }
+      const SplitAddress a = v4_address(p.view, slot, p.format);
+      decode_row_v4(p.format, p.mode, p.view.base + a.first, p.view.base + a.last, out);
+    }
+  });
+}
+
+void v4_window_gather(const V4WindowGatherParams& p) {
+  const int64_t out_bytes = v4_out_row_bytes(V4Format::kMla, p.mode);
+  at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      uint8_t* out = p.out + t * p.out_stride;
+      bool swa;
+      const int64_t slot = p.src.slot_of(t, p.c_view, p.swa_view, swa);
+      if (slot == kNoRow) continue;
+      if (slot < 0) {
+        std::memset(out, 0, out_bytes);
+        continue;
+      }
+      const PagedView& v = swa ? p.swa_view : p.c_view;
+      const SplitAddress a = v4_address(v, slot, V4Format::kMla);
+      decode_row_v4(V4Format::kMla, p.mode, v.base + a.first, v.base + a.last, out);
+    }
+  });
+}
+
+}  // namespace kvc::cpu

@@ -1,0 +1,19 @@
+// Entry points of DeepSeek-V4's row kernels (v4_kernels.cuh).
+#include "launch.cuh"
+#include "v4_kernels.cuh"
+
+namespace kvc::cuda {
+
+void v4_write(const V4WriteParams& p, void* stream) {
+  dispatch_v4_write(p, StreamLaunch{stream, "kvcache_ext v4_quant_and_cache"});
+}
+
+void v4_gather(const V4GatherParams& p, void* stream) {
+  dispatch_v4_gather(p, StreamLaunch{stream, "kvcache_ext gather_v4"});
+}
+
+void v4_window_gather(const V4WindowGatherParams& p, void* stream) {
+  dispatch_v4_window_gather(p, StreamLaunch{stream, "kvcache_ext gather_v4_window"});
+}
+
+}  // namespace kvc::cuda

@@ -1,0 +1,248 @@
+// CUDA kernels of DeepSeek-V4's rows (v4_rows.h), byte for byte the CPU loops' (cpu/v4.cpp):
+// - 584-B fp8_ds_mla rows, one warp per token: lane l holds values [16 l, 16 l + 16) of the
+//   512, so lanes 4k..4k+3 are NoPE tile k (k < 7) and lanes 28..31 the 64 RoPE values;
+// - 68-B MXFP4 rows, four tokens per warp, eight lanes a token: lane s holds values
+//   [16 s, 16 s + 16), lanes 2b, 2b + 1 are 32-value block b.
+// No host synchronisation; tokens whose slot is outside the view are skipped on writes and
+// read as zero rows. Device code and dispatch_* only (see write_kernels.cuh).
+#pragma once
+#include "../v4_kernels.h"
+#include "device_util.cuh"
+
+namespace kvc::cuda {
+namespace {
+
+constexpr int kV4NopeLanes = static_cast<int>(kV4Nope / 16);  // 28
+constexpr int kMxfp4TokensPerWarp = kWarp / kIndexerLanes;      // 4
+
+// 16 input values from element `first` on, rounded to bf16 (SPEC 10: inputs are bf16; an fp16
+// or fp32 NaN becomes 0x7FC0), held as floats.
+template <DType kIn>
+__device__ __forceinline__ void load16_as_bf16(const void* x, int64_t first, float (&v)[16]) {
+  if constexpr (kIn == DType::kFloat32) {
+    uint32_t w[16];
+    load_words(static_cast<const uint8_t*>(x) + 4 * first, w);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = bf16_to_float(float_to_bf16(bits_float(w[i])));
+  } else {
+    uint32_t w[8];
+    load_words(static_cast<const uint8_t*>(x) + 2 * first, w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) unpack2<kIn == DType::kFloat16>(w[i], v[2 * i], v[2 * i + 1]);
+    if constexpr (kIn == DType::kFloat16) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = bf16_to_float(float_to_bf16(v[i]));
+    }
+  }
+}
+
+template <DType kIn>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_mla_write_kernel(V4WriteParams p) {
+  const int64_t t = warp_row();
+  if (t >= p.num_tokens) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t slot = p.slots[t];
+  float x[16];
+  load16_as_bf16<kIn>(p.x, t * p.x_stride + 16 * lane, x);
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = amax_step(amax, x[i]);
+  amax = group_max<4>(amax);  // every lane: shuffles need all 32 (lanes 28..31's is unused)
+  if (!p.view.valid_slot(slot)) return;
+  const SplitAddress a = split_address(p.view, slot, kV4DataBytes, kV4ScaleBytes);
+  uint8_t* data = p.view.base + a.first;
+  if (lane < kV4NopeLanes) {
+    const int32_t e = v4_mla_exponent(amax, p.scale_floor);
+    // x / 2^e: by the exact reciprocal, or by IEEE division when 2^e is inf (a tile with +-inf)
+    const float scale = pow2f(e), recip = exact_recip(scale);
+    uint32_t codes[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      codes[i] = pack4_e4m3(div_by(x[4 * i], scale, recip), div_by(x[4 * i + 1], scale, recip),
+                            div_by(x[4 * i + 2], scale, recip), div_by(x[4 * i + 3], scale, recip));
+    store_words(data + 16 * lane, codes);
+    if (lane % 4 == 0) p.view.base[a.last + lane / 4] = v4_scale_byte(e);
+  } else {
+    uint32_t w[8];  // RoPE: the bf16 bits as they are
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      w[i] = (float_bits(x[2 * i]) >> 16) | (float_bits(x[2 * i + 1]) & 0xFFFF0000u);
+    store_words(data + kV4Nope + 32 * (lane - kV4NopeLanes), w);
+    if (lane == kWarp - 1) p.view.base[a.last + kV4Tiles] = 0;
+  }
+}
+
+template <DType kIn>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mxfp4_write_kernel(V4WriteParams p) {
+  const int lane = threadIdx.x % kWarp, sub = lane % kIndexerLanes;
+  const int64_t first = warp_row() * kMxfp4TokensPerWarp;
+  if (first >= p.num_tokens) return;  // whole warp: shuffles below
+  const int64_t t = first + lane / kIndexerLanes;
+  const bool live = t < p.num_tokens;
+  const int64_t slot = live ? p.slots[t] : -1;  // a dead lane group reads row `first`, writes nothing
+  float x[16];
+  load16_as_bf16<kIn>(p.x, (live ? t : first) * p.x_stride + 16 * sub, x);
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = amax_step(amax, x[i]);
+  amax = group_max<2>(amax);
+  if (!p.view.valid_slot(slot)) return;
+  const int32_t e = mxfp4_exponent(amax);
+  const float m = pow2f(-e);
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t byte = e2m1_encode(x[2 * i] * m) | (e2m1_encode(x[2 * i + 1] * m) << 4);
+    w[i / 4] |= byte << (8 * (i % 4));
+  }
+  const SplitAddress a = split_address(p.view, slot, kMxfp4PackedBytes, kMxfp4ScaleBytes);
+  store_words(p.view.base + a.first + 8 * sub, w);
+  if (sub % 2 == 0) p.view.base[a.last + sub / 2] = static_cast<uint8_t>(e + 127);
+}
+
+// One 584-B row (slot valid, or < 0 for a zero row) into out, by the lanes of one warp.
+template <MlaGatherMode kMode>
+__device__ __forceinline__ void v4_mla_read_row(const PagedView& v, int64_t slot, uint8_t* out,
+                                                int lane) {
+  if (slot < 0) {
+    warp_zero(out, v4_out_row_bytes(V4Format::kMla, kMode), lane);
+    return;
+  }
+  const SplitAddress a = split_address(v, slot, kV4DataBytes, kV4ScaleBytes);
+  const uint8_t* data = v.base + a.first;
+  if constexpr (kMode == MlaGatherMode::kCopyRow) {
+    warp_copy(out, data, kV4DataBytes, lane);
+    if (lane < kV4ScaleBytes) out[kV4DataBytes + lane] = v.base[a.last + lane];
+    return;
+  } else {
+    constexpr int kOut = kMode == MlaGatherMode::kDequantBf16 ? 2 : 4;  // bytes per value
+    if (lane < kV4NopeLanes) {
+      uint32_t c[4];
+      load_words(data + 16 * lane, c);
+      const float scale = pow2f(static_cast<int32_t>(v.base[a.last + lane / 4]) - 127);
+      float vals[16];
+      decode_words<16>(c, scale, vals);
+      store_values<kMode>(out + 16 * kOut * lane, vals);
+    } else {
+      uint32_t r[8];
+      load_words(data + kV4Nope + 32 * (lane - kV4NopeLanes), r);
+      uint8_t* dst = out + kOut * (kV4Nope + 16 * (lane - kV4NopeLanes));
+      if constexpr (kMode == MlaGatherMode::kDequantBf16) {
+        store_words(dst, r);
+      } else {
+        float f[16];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          f[2 * i] = bits_float(r[i] << 16);
+          f[2 * i + 1] = bits_float(r[i] & 0xFFFF0000u);
+        }
+        store_values<kMode>(dst, f);
+      }
+    }
+  }
+}
+
+template <MlaGatherMode kMode>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_mla_gather_kernel(V4GatherParams p) {
+  const int64_t t = warp_row();
+  if (t >= p.num_tokens) return;
+  const int64_t slot = p.src.slot_of(t, p.view);
+  if (slot != kNoRow) v4_mla_read_row<kMode>(p.view, slot, p.out + t * p.out_stride, threadIdx.x % kWarp);
+}
+
+template <MlaGatherMode kMode>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_window_gather_kernel(
+    V4WindowGatherParams p) {
+  const int64_t t = warp_row();
+  if (t >= p.num_tokens) return;
+  bool swa;
+  const int64_t slot = p.src.slot_of(t, p.c_view, p.swa_view, swa);
+  if (slot != kNoRow)
+    v4_mla_read_row<kMode>(swa ? p.swa_view : p.c_view, slot, p.out + t * p.out_stride,
+                           threadIdx.x % kWarp);
+}
+
+template <MlaGatherMode kMode>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mxfp4_gather_kernel(V4GatherParams p) {
+  const int lane = threadIdx.x % kWarp, sub = lane % kIndexerLanes;
+  const int64_t t = warp_row() * kMxfp4TokensPerWarp + lane / kIndexerLanes;
+  if (t >= p.num_tokens) return;
+  const int64_t slot = p.src.slot_of(t, p.view);
+  if (slot == kNoRow) return;
+  uint8_t* out = p.out + t * p.out_stride;
+  const int64_t bytes = v4_out_row_bytes(V4Format::kMxfp4, kMode);
+  if (slot < 0) {
+    for (int64_t i = sub; i < bytes; i += kIndexerLanes) out[i] = 0;
+    return;
+  }
+  const SplitAddress a = split_address(p.view, slot, kMxfp4PackedBytes, kMxfp4ScaleBytes);
+  if constexpr (kMode == MlaGatherMode::kCopyRow) {
+    for (int64_t i = sub; i < bytes; i += kIndexerLanes)
+      out[i] = i < kMxfp4PackedBytes ? p.view.base[a.first + i]
+                                     : p.view.base[a.last + i - kMxfp4PackedBytes];
+  } else {
+    uint32_t w[2];
+    load_words(p.view.base + a.first + 8 * sub, w);
+    const float scale = pow2f(static_cast<int32_t>(p.view.base[a.last + sub / 2]) - 127);
+    float vals[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) vals[i] = e2m1_decode(w[i / 8] >> (4 * (i % 8))) * scale;
+    constexpr int kOut = kMode == MlaGatherMode::kDequantBf16 ? 2 : 4;
+    store_values<kMode>(out + 16 * kOut * sub, vals);
+  }
+}
+
+// ---- Which kernel a call runs. ----
+template <class Launch>
+void dispatch_v4_write(const V4WriteParams& p, const Launch& launch) {
+  if (p.format == V4Format::kMla) {
+    const unsigned grid = grid_for(p.num_tokens);
+    switch (p.dtype) {
+      case DType::kBFloat16: return launch(v4_mla_write_kernel<DType::kBFloat16>, grid, p);
+      case DType::kFloat16: return launch(v4_mla_write_kernel<DType::kFloat16>, grid, p);
+      case DType::kFloat32: return launch(v4_mla_write_kernel<DType::kFloat32>, grid, p);
+    }
+  }
+  const unsigned grid = grid_for((p.num_tokens + kMxfp4TokensPerWarp - 1) / kMxfp4TokensPerWarp);
+  switch (p.dtype) {
+    case DType::kBFloat16: return launch(mxfp4_write_kernel<DType::kBFloat16>, grid, p);
+    case DType::kFloat16: return launch(mxfp4_write_kernel<DType::kFloat16>, grid, p);
+    case DType::kFloat32: return launch(mxfp4_write_kernel<DType::kFloat32>, grid, p);
+  }
+}
+
+template <class Launch>
+void dispatch_v4_gather(const V4GatherParams& p, const Launch& launch) {
+  constexpr auto kRaw = MlaGatherMode::kCopyRow, kBf16 = MlaGatherMode::kDequantBf16,
+                 kF32 = MlaGatherMode::kDequantF32;
+  if (p.format == V4Format::kMla) {
+    const unsigned grid = grid_for(p.num_tokens);
+    switch (p.mode) {
+      case kRaw: return launch(v4_mla_gather_kernel<kRaw>, grid, p);
+      case kBf16: return launch(v4_mla_gather_kernel<kBf16>, grid, p);
+      case kF32: return launch(v4_mla_gather_kernel<kF32>, grid, p);
+    }
+  }
+  const unsigned grid = grid_for((p.num_tokens + kMxfp4TokensPerWarp - 1) / kMxfp4TokensPerWarp);
+  switch (p.mode) {
+    case kRaw: return launch(mxfp4_gather_kernel<kRaw>, grid, p);
+    case kBf16: return launch(mxfp4_gather_kernel<kBf16>, grid, p);
+    case kF32: return launch(mxfp4_gather_kernel<kF32>, grid, p);
+  }
+}
+
+template <class Launch>
+void dispatch_v4_window_gather(const V4WindowGatherParams& p, const Launch& launch) {
+  const unsigned grid = grid_for(p.num_tokens);
+  switch (p.mode) {
+    case MlaGatherMode::kCopyRow:
+      return launch(v4_window_gather_kernel<MlaGatherMode::kCopyRow>, grid, p);
+    case MlaGatherMode::kDequantBf16:
+      return launch(v4_window_gather_kernel<MlaGatherMode::kDequantBf16>, grid, p);
+    case MlaGatherMode::kDequantF32:
+      return launch(v4_window_gather_kernel<MlaGatherMode::kDequantF32>, grid, p);
+  }
+}
+
+}  // namespace
+}  // namespace kvc::cuda

@@ -1,0 +1,26 @@
+// Argument checks of DeepSeek-V4's row ops: tensors in, kernel parameters out (v4_args.cpp).
+#pragma once
+#include "op_args.h"
+#include "v4_kernels.h"
+
+namespace kvc {
+
+// format: "fp8_ds_mla_v4" (x [T, 512], 584-B view rows) or "mxfp4" (x [T, 128], 68-B rows).
+V4Format parse_v4_format(std::string_view format);
+V4WriteParams v4_write_args(const at::Tensor& x, const at::Tensor& view,
+                            const at::Tensor& slot_mapping, V4Format format,
+                            std::string_view scale_floor);
+V4GatherParams v4_gather_args(const at::Tensor& view, const GatherSource& src, V4Format format,
+                              const at::Tensor& out);
+
+struct WindowSource {
+  at::Tensor c_block_table, swa_block_table, seq_lens, cu_out;
+};
+V4WindowGatherParams v4_window_gather_args(const at::Tensor& c_view, const at::Tensor& swa_view,
+                                           const WindowSource& src, int64_t ratio, int64_t window,
+                                           const at::Tensor& out);
+// Value checks (CPU tensors) of a validated window read: lengths >= 0, cu_out the prefix sum of
+// each request's rows, out large enough, every block a request reads inside its view.
+void check_window_source(const WindowSource& src, const V4WindowGatherParams& p);
+
+}  // namespace kvc
