@@ -40,7 +40,9 @@ from typing import Callable
 import torch
 
 import kvcache_ext as kvc
+from kvcache_ext import ops_v4 as o4
 from kvcache_ext import reference as ref
+from kvcache_ext import reference_v4 as r4
 from kvcache_ext.timing import Timer, Timing, time_interleaved, time_samples
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -109,10 +111,13 @@ def build_cases(layout: str, tokens: int, device: torch.device,
     num_blocks = max(-(-tokens // BLOCK) + 4, MIN_BLOCKS)
     specs = [kvc.CacheSpec("mla", 656, 1), kvc.CacheSpec("indexer", 132, 1),
              kvc.CacheSpec("mla_auto", 1152, 1), kvc.CacheSpec("kv", 128 * 2, 1, 8),
-             kvc.CacheSpec("kv8", 128, 1, 8), kvc.CacheSpec("mla8", 576, 1)]
+             kvc.CacheSpec("kv8", 128, 1, 8), kvc.CacheSpec("mla8", 576, 1),
+             # DeepSeek-V4 (SPEC 10): 584-B rows and MXFP4 indexer rows in split pages; BLOCK = 64
+             # rows per block, as a ratio-4 group of 256 tokens holds
+             kvc.CacheSpec("v4", 584, 1, split=(576, 8)), kvc.CacheSpec("mxfp4", 68, 1, split=(64, 4))]
     plan = kvc.plan_cache(specs, num_blocks, BLOCK, layout)
     cache = kvc.allocate(plan, device, fill=0)
-    mla, idx, auto, kvv, kv8, mla8 = (cache.view(s.name, 0) for s in specs)
+    mla, idx, auto, kvv, kv8, mla8, v4, mx = (cache.view(s.name, 0) for s in specs)
     scale = torch.tensor([0.05], device=device)
     per_call_in = tokens * (1152 + 256 + 2048 + 16)
     sets = max(2, min(MAX_SETS, ROTATE_BYTES // max(per_call_in, 1)))
@@ -127,12 +132,16 @@ def build_cases(layout: str, tokens: int, device: torch.device,
     table = torch.stack([perm[(r * width + torch.arange(width)) % num_blocks] for r in range(len(lens))]).to(device)
     cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
     out_bf = torch.empty(tokens, 576, dtype=torch.bfloat16, device=device)
+    out_v4 = torch.empty(tokens, 512, dtype=torch.bfloat16, device=device)
+    out_mx = torch.empty(tokens, 128, dtype=torch.bfloat16, device=device)
     codes = torch.empty(tokens, 128, dtype=torch.uint8, device=device)
     scl = torch.empty(tokens, dtype=torch.float32, device=device)
     kv_out = torch.empty(tokens, 8, 128, dtype=torch.bfloat16, device=device)
     for i in range(sets):  # fill the caches so reads see real rows
         kvc.ops.dsa_write(xs[i][:, :512], xs[i][:, 512:], mla, ks[i], idx, slots[i])
         kvc.ops.reshape_and_cache(keys[i], kvv, slots[i])
+        o4.v4_mla_quant_and_cache(xs[i][:, :512], v4, slots[i])
+        o4.mxfp4_quant_and_cache(ks[i], mx, slots[i])
     s = lambda i: slots[i % sets]  # noqa: E731
     x = lambda i: xs[i % sets]  # noqa: E731
     k = lambda i: ks[i % sets]  # noqa: E731
@@ -165,6 +174,17 @@ def build_cases(layout: str, tokens: int, device: torch.device,
              lambda i: ref.gather_indexer(idx, table, cu, "split"), t * 2 * 132),
         Case("gather_indexer_slots", lambda i: ops.gather_indexer_slots(idx, s(i), "split", out=(codes, scl), validate=False),
              lambda i: ref.gather_indexer_slots(idx, s(i), "split"), t * (2 * 132 + 8)),
+        Case("v4_mla_quant_and_cache", lambda i: o4.v4_mla_quant_and_cache(x(i)[:, :512], v4, s(i)),
+             lambda i: r4.v4_mla_write(v4, s(i), x(i)[:, :512]), t * (1024 + 584 + 8)),
+        Case("mxfp4_quant_and_cache", lambda i: o4.mxfp4_quant_and_cache(k(i), mx, s(i)),
+             lambda i: r4.mxfp4_write(mx, s(i), k(i)), t * (256 + 68 + 8)),
+        Case("gather_v4", lambda i: o4.gather_v4(v4, table, cu, out=out_v4, validate=False),
+             lambda i: r4.v4_mla_gather(v4, table, cu), t * (584 + 1024)),
+        Case("gather_v4_slots", lambda i: o4.gather_v4_slots(v4, s(i), out=out_v4, validate=False),
+             lambda i: r4.v4_mla_read(v4, s(i)), t * (584 + 1024 + 8)),
+        Case("gather_v4_slots_mxfp4",
+             lambda i: o4.gather_v4_slots(mx, s(i), "mxfp4", out=out_mx, validate=False),
+             lambda i: r4.mxfp4_read(mx, s(i)), t * (68 + 256 + 8)),
     ]
 
 

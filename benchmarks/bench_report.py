@@ -100,7 +100,8 @@ class Target:
 # Ops whose rows are fp8 (quantizing writes, dequantizing gathers), and the indexer's 132-byte ops.
 FP8_OPS = ("reshape_and_cache_fp8", "concat_and_cache_mla_fp8", "concat_and_cache_mla",
            "indexer_k_quant_and_cache", "dsa_write", "gather_mla", "gather_mla_slots")
-INDEXER_OPS = ("indexer_k_quant_and_cache", "gather_indexer", "gather_indexer_slots")
+INDEXER_OPS = ("indexer_k_quant_and_cache", "gather_indexer", "gather_indexer_slots",
+               "mxfp4_quant_and_cache", "gather_v4_slots_mxfp4")  # short rows: 132 and 68 B
 
 
 def targets(results: list[Result], device_type: str) -> list[Target]:
@@ -138,7 +139,8 @@ def targets(results: list[Result], device_type: str) -> list[Target]:
     return [
         check("CUDA: MLA-row writes and gathers >= 85% of the copy bandwidth at T >= 16384",
               [r for r in big if r.op not in INDEXER_OPS], lambda r: r.pct_copy >= 85, pct),
-        check("CUDA: 132-byte indexer writes and gathers >= 70% of the copy bandwidth at T >= 16384",
+        check("CUDA: indexer (132 / 68-byte) writes and gathers >= 70% of the copy bandwidth at "
+              "T >= 16384",
               [r for r in big if r.op in INDEXER_OPS], lambda r: r.pct_copy >= 70, pct),
         check("CUDA: <= 5 us per call at T <= 64 under graph replay",
               [r for r in results if r.tokens <= 64 and r.graph], lambda r: r.us <= 5,

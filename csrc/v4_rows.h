@@ -79,14 +79,14 @@ KVC_HD int32_t mxfp4_exponent(float amax) {
 
 // e2m1 code of v: round to nearest even on {0, .5, 1, 1.5, 2, 3, 4, 6}, saturate to +-6, sign
 // kept (small negatives -> 0x8), NaN -> 0x7 (as cvt.rn.satfinite.e2m1x2.f32).
-KVC_HD uint8_t e2m1_encode(float v) {
+KVC_HD uint8_t e2m1_encode(float v) {  // branch-free, so CPU loops vectorize
   const uint32_t b = float_bits(v);
   const uint32_t a = b & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return 0x7;
   const float f = bits_float(a);
   const uint32_t mag = (f > 0.25f) + (f >= 0.75f) + (f > 1.25f) + (f >= 1.75f) + (f > 2.5f) +
                        (f >= 3.5f) + (f > 5.0f);
-  return static_cast<uint8_t>(mag | ((b >> 28) & 0x8u));
+  const uint32_t code = mag | ((b >> 28) & 0x8u);
+  return static_cast<uint8_t>(a > 0x7F800000u ? 0x7u : code);
 }
 
 KVC_HD float e2m1_decode(uint32_t code) {

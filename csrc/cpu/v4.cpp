@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstring>
+#include <memory>
 
 #include "../v4_kernels.h"
 #include "rows.h"
@@ -37,28 +38,58 @@ void mxfp4_row(const uint16_t* x, uint8_t* packed, uint8_t* scales) {
     const uint16_t* block = x + b * kMxfp4Block;
     const int32_t e = mxfp4_exponent(row_amax(block, DType::kBFloat16, kMxfp4Block));
     const float m = pow2f(-e);
-    for (int64_t i = 0; i < kMxfp4Block / 2; ++i) {
-      const uint8_t lo = e2m1_encode(bf16_to_float(block[2 * i]) * m);
-      const uint8_t hi = e2m1_encode(bf16_to_float(block[2 * i + 1]) * m);
-      packed[b * kMxfp4Block / 2 + i] = static_cast<uint8_t>(lo | (hi << 4));
-    }
+    float v[kMxfp4Block];  // separate 32-bit passes, so each vectorizes
+    uint32_t c[kMxfp4Block];
+    for (int64_t i = 0; i < kMxfp4Block; ++i) v[i] = bf16_to_float(block[i]) * m;
+    for (int64_t i = 0; i < kMxfp4Block; ++i) c[i] = e2m1_encode(v[i]);
+    for (int64_t i = 0; i < kMxfp4Block / 2; ++i)
+      packed[b * kMxfp4Block / 2 + i] = static_cast<uint8_t>(c[2 * i] | (c[2 * i + 1] << 4));
     scales[b] = static_cast<uint8_t>(e + 127);
   }
 }
 
+// MXFP4 decoding by lookup: the output word (bf16 or fp32 bits) of every (scale byte, code),
+// computed as the CUDA kernel computes it (value x 2^(byte - 127), then rounded).
+struct Mxfp4Table {
+  uint32_t word[256][16];
+  explicit Mxfp4Table(DType t) {
+    for (int b = 0; b < 256; ++b) {
+      for (uint32_t c = 0; c < 16; ++c) {
+        word[b][c] = 0;
+        store_float(&word[b][c], 0, e2m1_decode(c) * pow2f(b - 127), t);
+      }
+    }
+  }
+};
+
+template <class Word>
+void mxfp4_decode(const uint8_t* data, const uint8_t* footer, const Mxfp4Table& table,
+                  uint8_t* out) {
+  Word w[kMxfp4Dim];
+  for (int64_t b = 0; b < kMxfp4ScaleBytes; ++b) {
+    const uint32_t* words = table.word[footer[b]];
+    for (int64_t i = 0; i < kMxfp4Block / 2; ++i) {
+      const uint8_t byte = data[b * kMxfp4Block / 2 + i];
+      w[b * kMxfp4Block + 2 * i] = static_cast<Word>(words[byte & 0xF]);
+      w[b * kMxfp4Block + 2 * i + 1] = static_cast<Word>(words[byte >> 4]);
+    }
+  }
+  std::memcpy(out, w, sizeof(w));
+}
+
 // One V4 row at (data, footer) decoded into out (mode: raw bytes, bf16 or fp32 values).
 void decode_row_v4(V4Format f, MlaGatherMode mode, const uint8_t* data, const uint8_t* footer,
-                   uint8_t* out) {
+                   const Mxfp4Table* table, uint8_t* out) {
   if (mode == MlaGatherMode::kCopyRow) {
     std::memcpy(out, data, v4_data_bytes(f));
     std::memcpy(out + v4_data_bytes(f), footer, v4_footer_bytes(f));
     return;
   }
   const DType t = mode == MlaGatherMode::kDequantBf16 ? DType::kBFloat16 : DType::kFloat32;
-  const int64_t es = dtype_size(t);
   if (f == V4Format::kMla) {
     for (int64_t k = 0; k < kV4Tiles; ++k)
-      decode_row(data + k * kV4Tile, kV4Tile, pow2f(footer[k] - 127), t, out + k * kV4Tile * es);
+      decode_row(data + k * kV4Tile, kV4Tile, pow2f(footer[k] - 127), t,
+                 out + k * kV4Tile * dtype_size(t));
     const uint8_t* rope = data + kV4Nope;
     if (t == DType::kBFloat16) {
       std::memcpy(out + 2 * kV4Nope, rope, 2 * (kV4Dim - kV4Nope));
@@ -71,13 +102,10 @@ void decode_row_v4(V4Format f, MlaGatherMode mode, const uint8_t* data, const ui
     }
     return;
   }
-  for (int64_t b = 0; b < kMxfp4ScaleBytes; ++b) {
-    const float s = pow2f(footer[b] - 127);
-    for (int64_t i = 0; i < kMxfp4Block; ++i) {
-      const int64_t n = b * kMxfp4Block + i;
-      store_float(out, n, e2m1_decode(data[n / 2] >> (4 * (n % 2))) * s, t);
-    }
-  }
+  if (t == DType::kBFloat16)
+    mxfp4_decode<uint16_t>(data, footer, *table, out);
+  else
+    mxfp4_decode<uint32_t>(data, footer, *table, out);
 }
 
 }  // namespace
@@ -102,6 +130,10 @@ void v4_write(const V4WriteParams& p) {
 
 void v4_gather(const V4GatherParams& p) {
   const int64_t out_bytes = v4_out_row_bytes(p.format, p.mode);
+  std::unique_ptr<Mxfp4Table> table;
+  if (p.format == V4Format::kMxfp4 && p.mode != MlaGatherMode::kCopyRow)
+    table = std::make_unique<Mxfp4Table>(p.mode == MlaGatherMode::kDequantBf16 ? DType::kBFloat16
+                                                                               : DType::kFloat32);
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       uint8_t* out = p.out + t * p.out_stride;
@@ -112,7 +144,8 @@ void v4_gather(const V4GatherParams& p) {
         continue;
       }
       const SplitAddress a = v4_address(p.view, slot, p.format);
-      decode_row_v4(p.format, p.mode, p.view.base + a.first, p.view.base + a.last, out);
+      decode_row_v4(p.format, p.mode, p.view.base + a.first, p.view.base + a.last, table.get(),
+                    out);
     }
   });
 }
@@ -131,7 +164,7 @@ void v4_window_gather(const V4WindowGatherParams& p) {
       }
       const PagedView& v = swa ? p.swa_view : p.c_view;
       const SplitAddress a = v4_address(v, slot, V4Format::kMla);
-      decode_row_v4(V4Format::kMla, p.mode, v.base + a.first, v.base + a.last, out);
+      decode_row_v4(V4Format::kMla, p.mode, v.base + a.first, v.base + a.last, nullptr, out);
     }
   });
 }
