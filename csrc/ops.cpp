@@ -205,6 +205,17 @@ void v4_quant_and_cache(const Tensor& x, const Tensor& view, const Tensor& slot_
             cpu::v4_write, [](const V4WriteParams& p, void* s) { KVC_CUDA(cuda::v4_write(p, s)); });
 }
 
+// DeepSeek-V4's compressed pair (main KV + MXFP4 indexer) at one compressed slot_mapping.
+void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
+                  const Tensor& indexer_view, const Tensor& slot_mapping, S scale_floor) {
+  NvtxRange range("kvc::v4_dsa_write");
+  const V4PairArgs a = v4_pair_write_args(kv, mla_view, k_idx, indexer_view, slot_mapping,
+                                          sv(scale_floor));
+  run_write(mla_view, slot_mapping, a.mla,
+            [&](const V4WriteParams& p) { cpu::v4_pair_write(p, a.idx); },
+            [&](const V4WriteParams& p, void* s) { KVC_CUDA(cuda::v4_pair_write(p, a.idx, s)); });
+}
+
 void run_v4_gather(const Tensor& view, const GatherSource& src, S format, const Tensor& out,
                    bool validate) {
   run_gather(view, src, v4_gather_args(view, src, parse_v4_format(sv(format)), out), validate,
@@ -318,6 +329,7 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
   m.impl("gather_indexer", &gather_indexer);                 \
   m.impl("gather_indexer_slots", &gather_indexer_slots);     \
   m.impl("v4_quant_and_cache", &v4_quant_and_cache);       \
+  m.impl("v4_dsa_write", &v4_dsa_write);                   \
   m.impl("gather_v4", &gather_v4);                         \
   m.impl("gather_v4_slots", &gather_v4_slots);             \
   m.impl("gather_v4_window", &gather_v4_window);           \

@@ -32,6 +32,8 @@ TORCH_LIBRARY(kvcache_ext, m) {
   // (68 B <-> 128 values); reads give bf16 / fp32 values or raw rows (uint8 out).
   m.def("v4_quant_and_cache(Tensor x, Tensor(a!) view, Tensor slot_mapping, str format, "
         "str scale_floor=\"amax\") -> ()");
+  m.def("v4_dsa_write(Tensor kv, Tensor(a!) mla_view, Tensor k_idx, Tensor(b!) indexer_view, "
+        "Tensor slot_mapping, str scale_floor=\"amax\") -> ()");
   m.def("gather_v4(Tensor view, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts, "
         "str format, Tensor(a!) out, bool validate=True) -> ()");
   m.def("gather_v4_slots(Tensor view, Tensor slots, str format, Tensor(a!) out, "

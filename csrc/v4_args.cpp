@@ -49,26 +49,50 @@ V4Format parse_v4_format(std::string_view format) {
   TORCH_CHECK_VALUE(false, "format must be \"fp8_ds_mla_v4\" or \"mxfp4\", got \"", format, "\"");
 }
 
-V4WriteParams v4_write_args(const at::Tensor& x, const at::Tensor& view,
-                            const at::Tensor& slot_mapping, V4Format format,
-                            std::string_view scale_floor) {
+namespace {
+V4WriteParams write_args(const at::Tensor& x, const at::Tensor& view, const at::Tensor& slot_mapping,
+                         V4Format format, std::string_view scale_floor, const char* x_arg,
+                         const char* view_arg) {
   V4WriteParams p{};
   p.format = format;
-  const char* x_arg = format == V4Format::kMla ? "kv" : "k";
-  p.view = v4_view(view, format, "view");
+  p.view = v4_view(view, format, view_arg);
   TORCH_CHECK_VALUE(scale_floor == "amax" || scale_floor == "scale",
                     "scale_floor must be \"amax\" or \"scale\", got \"", scale_floor, "\"");
   TORCH_CHECK_VALUE(scale_floor == "amax" || format == V4Format::kMla,
                     "scale_floor=\"scale\" applies to fp8_ds_mla_v4 rows only");
   p.scale_floor = scale_floor == "scale";
-  p.num_tokens = check_slot_mapping(slot_mapping, view, "view");
+  p.num_tokens = check_slot_mapping(slot_mapping, view, view_arg);
   p.dtype = input_dtype(x, x_arg, true);
   check_rows(x, x_arg, p.num_tokens, {v4_dim(format)});
-  check_same_device(x, x_arg, view, "view");
+  check_same_device(x, x_arg, view, view_arg);
   p.x = x.data_ptr();
   p.x_stride = x.stride(0);
   p.slots = slot_mapping.data_ptr<int64_t>();
   return p;
+}
+}  // namespace
+
+V4WriteParams v4_write_args(const at::Tensor& x, const at::Tensor& view,
+                            const at::Tensor& slot_mapping, V4Format format,
+                            std::string_view scale_floor) {
+  return write_args(x, view, slot_mapping, format, scale_floor,
+                    format == V4Format::kMla ? "kv" : "k", "view");
+}
+
+V4PairArgs v4_pair_write_args(const at::Tensor& kv, const at::Tensor& mla_view,
+                              const at::Tensor& k_idx, const at::Tensor& indexer_view,
+                              const at::Tensor& slot_mapping, std::string_view scale_floor) {
+  V4PairArgs a{write_args(kv, mla_view, slot_mapping, V4Format::kMla, scale_floor, "kv", "mla_view"),
+               write_args(k_idx, indexer_view, slot_mapping, V4Format::kMxfp4, "amax", "k_idx",
+                          "indexer_view")};
+  TORCH_CHECK_TYPE(k_idx.scalar_type() == kv.scalar_type(), "k_idx must have the dtype of kv (",
+                   kv.scalar_type(), "), got ", k_idx.scalar_type());
+  TORCH_CHECK_VALUE(a.mla.view.num_blocks == a.idx.view.num_blocks &&
+                        a.mla.view.block_size == a.idx.view.block_size,
+                    "mla_view and indexer_view must share one block table (same num_blocks and rows "
+                    "per block), got [", a.mla.view.num_blocks, ", ", a.mla.view.block_size, "] and [",
+                    a.idx.view.num_blocks, ", ", a.idx.view.block_size, "]");
+  return a;
 }
 
 V4GatherParams v4_gather_args(const at::Tensor& view, const GatherSource& src, V4Format format,

@@ -10,6 +10,14 @@ V4Format parse_v4_format(std::string_view format);
 V4WriteParams v4_write_args(const at::Tensor& x, const at::Tensor& view,
                             const at::Tensor& slot_mapping, V4Format format,
                             std::string_view scale_floor);
+// The compressed pair at one slot_mapping: kv [T, 512] -> mla_view (584 B), k_idx [T, 128] ->
+// indexer_view (MXFP4, 68 B); the views share a block table, the inputs a dtype.
+struct V4PairArgs {
+  V4WriteParams mla, idx;
+};
+V4PairArgs v4_pair_write_args(const at::Tensor& kv, const at::Tensor& mla_view,
+                              const at::Tensor& k_idx, const at::Tensor& indexer_view,
+                              const at::Tensor& slot_mapping, std::string_view scale_floor);
 V4GatherParams v4_gather_args(const at::Tensor& view, const GatherSource& src, V4Format format,
                               const at::Tensor& out);
 

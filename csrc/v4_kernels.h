@@ -97,12 +97,15 @@ struct V4WindowGatherParams {
 
 namespace cpu {
 void v4_write(const V4WriteParams& p);
+void v4_pair_write(const V4WriteParams& mla, const V4WriteParams& idx);
 void v4_gather(const V4GatherParams& p);
 void v4_window_gather(const V4WindowGatherParams& p);
 }  // namespace cpu
 
 namespace cuda {
 void v4_write(const V4WriteParams& p, void* stream);
+// kMla rows and kMxfp4 rows at the same slots (mla.slots), one launch.
+void v4_pair_write(const V4WriteParams& mla, const V4WriteParams& idx, void* stream);
 void v4_gather(const V4GatherParams& p, void* stream);
 void v4_window_gather(const V4WindowGatherParams& p, void* stream);
 }  // namespace cuda

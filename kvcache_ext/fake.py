@@ -22,6 +22,7 @@ _DEVICE_ARGS = {
     "gather_indexer": ("view", ("block_table", "cu_seq_lens", "seq_starts", "codes", "scales")),
     "gather_indexer_slots": ("view", ("slots", "codes", "scales")),
     "v4_quant_and_cache": ("view", ("x", "slot_mapping")),
+    "v4_dsa_write": ("mla_view", ("kv", "k_idx", "indexer_view", "slot_mapping")),
     "gather_v4": ("view", ("block_table", "cu_seq_lens", "seq_starts", "out")),
     "gather_v4_slots": ("view", ("slots", "out")),
     "gather_v4_window": ("c_view", ("c_block_table", "swa_view", "swa_block_table", "seq_lens",

@@ -35,6 +35,30 @@ def mxfp4_quant_and_cache(k: torch.Tensor, view: torch.Tensor, slot_mapping: tor
     _ops.v4_quant_and_cache(k, view, slot_mapping, "mxfp4", "amax")
 
 
+def v4_indexer_quant_and_cache(k: torch.Tensor, view: torch.Tensor,
+                               slot_mapping: torch.Tensor) -> None:
+    """V4's fp8 indexer row: V3.2's 132-B row with scale_fmt="ue8m0", placement="split", of k
+    rounded to bf16 first (SPEC 10; a bf16 k is used as it is, others are copied)."""
+    k = k if k.dtype == torch.bfloat16 else k.to(torch.bfloat16)
+    _ops.indexer_k_quant_and_cache(k, view, slot_mapping, "ue8m0", "split")
+
+
+def v4_dsa_write(kv: torch.Tensor, mla_view: torch.Tensor, k_idx: torch.Tensor,
+                 indexer_view: torch.Tensor, slot_mapping: torch.Tensor, *, indexer: str = "mxfp4",
+                 scale_floor: str = "amax") -> None:
+    """A compressed group's pair at one slot_mapping (for a C4 layer, kvc.slot_mapping(...,
+    compress_ratio=4): only tokens closing a window write): kv [T, 512] -> 584-B main-KV rows,
+    k_idx [T, 128] -> indexer rows, "mxfp4" (68 B, both rows in one launch) or "fp8" (V3.2's
+    132-B row with scale_fmt="ue8m0", placement="split": two launches)."""
+    if indexer == "mxfp4":
+        _ops.v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping, scale_floor)
+    elif indexer == "fp8":
+        _ops.v4_quant_and_cache(kv, mla_view, slot_mapping, "fp8_ds_mla_v4", scale_floor)
+        v4_indexer_quant_and_cache(k_idx, indexer_view, slot_mapping)
+    else:
+        raise ValueError(f'indexer must be "mxfp4" or "fp8", got {indexer!r}')
+
+
 def _v4_out(view: torch.Tensor, rows: tuple[int, ...], fmt: str, raw: bool,
             dtype: torch.dtype | None) -> torch.Tensor:
     if fmt not in V4_DIM:

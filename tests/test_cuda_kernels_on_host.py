@@ -285,6 +285,8 @@ def test_v4_writes_give_the_cpu_bytes(simt, layout, dtype):
         ops.v4_quant_and_cache(x[:, :512], gc.view("c4_kv", 1), s, "fp8_ds_mla_v4", "amax")
         ops.v4_quant_and_cache(x[:, 9:521], gc.view("swa0_kv", 2), s.flip(0), "fp8_ds_mla_v4", "scale")
         ops.v4_quant_and_cache(x[:, 7:135], gc.view("c4_indexer", 0), s, "mxfp4", "amax")
+        ops.v4_dsa_write(x[:, 1:513], gc.view("c4_kv", 3), x[:, 400:528], gc.view("c4_indexer", 1),
+                         s, "amax")
     assert (cpu_gc.whole != guarded(plan, seed=23).whole).sum() > t * 584
     if not torch.equal(cuda_gc.whole, cpu_gc.whole):
         diff = torch.nonzero(cuda_gc.whole != cpu_gc.whole).squeeze(1)

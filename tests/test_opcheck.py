@@ -48,6 +48,7 @@ def cases(device: str):
     return {
         "v4_quant_and_cache": (OPS.v4_quant_and_cache, (x[:4, :512], c4, v4_slots, "fp8_ds_mla_v4",
                                                         "scale")),
+        "v4_dsa_write": (OPS.v4_dsa_write, (x[:4, :512], c4, k[:4], mx, v4_slots, "amax")),
         "v4_quant_and_cache_mxfp4": (OPS.v4_quant_and_cache, (k[:4], mx, v4_slots, "mxfp4", "amax")),
         "gather_v4": (OPS.gather_v4, (c4, v4_bt, torch.tensor([0, 17, 20], dtype=torch.int32,
                                                                device=device),

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 
 import kvcache_ext as kvc
 from kvcache_ext import ops_v4 as o4
+from kvcache_ext import reference as ref
 from kvcache_ext import reference_v4 as r4
 
 from conftest import guarded
@@ -31,9 +32,11 @@ def split_plan(layout: str, block_size: int = 16) -> kvc.CachePlan:
 
 
 def special_rows(t: int, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """[t + 3, width + 8] rows (strided: wider than used; extra rows ignored), every edge case."""
+    """[max(t + 3, 8), width] rows (strided: wider than used; rows past t ignored), every edge
+    case."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(t + 3, width + 8, generator=g) * torch.logspace(-3, 3, t + 3).unsqueeze(1)
+    n = max(t + 3, 8)
+    x = torch.randn(n, width + 8, generator=g) * torch.logspace(-3, 3, n).unsqueeze(1)
     x[0, 3], x[1, 9], x[1, 70], x[2, 40] = NAN, INF, -INF, -NAN
     x[3, :64] = 0.0                 # an all-zero tile / block: the floors
     x[4, :32] = 1e-30               # tiny: under the floors
@@ -326,3 +329,81 @@ def test_bad_read_arguments_name_what_was_expected():
         o4.gather_compressed_and_swa(c4, bt, 4, swa, bt, -lens, cu_out=torch.tensor([0, 0], dtype=torch.int32))
     with pytest.raises(IndexError, match=r"swa_block_table: request 0 reads rows \[0, 70\)"):
         o4.gather_compressed_and_swa(c4, bt, 4, swa, bt, lens * 7)
+
+
+# ---- the compressed pair at a compressed slot mapping ---------------------------------------
+@pytest.mark.parametrize("indexer", ["mxfp4", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_v4_dsa_write_at_compressed_slots_prefill_then_decode(device, indexer, dtype):
+    """A C4 layer's main KV + indexer rows written by v4_dsa_write at kvc.slot_mapping(...,
+    compress_ratio=4): a prefill of two requests, then two decode steps. Only tokens closing a
+    4-token window write; every byte matches the reference writes of the same rows."""
+    plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("pro", indexer=indexer), num_blocks=6,
+                          layout="BLHNC")
+    gc = guarded(plan, device, seed=15)
+    bt = torch.tensor([[4, 1], [0, 5]], dtype=torch.int32)     # 256 tokens per block
+    g = torch.Generator().manual_seed(16)
+    lens = [301, 7]
+    steps = [(torch.cat([torch.arange(n) for n in lens]),
+              torch.cat([torch.full((n,), r) for r, n in enumerate(lens)]))]
+    steps += [(torch.tensor(lens) + d, torch.tensor([0, 1])) for d in (0, 1)]  # decode: 301, 7; 302, 8
+    closing = 0
+    for pos, req in steps:
+        slots = kvc.slot_mapping(bt, pos, 256, req, compress_ratio=4)
+        assert bool(((slots >= 0) == ((pos + 1) % 4 == 0)).all())
+        closing += int((slots >= 0).sum())
+        kv = special_rows(len(pos), 512, dtype, seed=int(pos.sum()))[: len(pos)]
+        k = (torch.randn(len(pos), 128, generator=g) * 3).to(dtype)
+        o4.v4_dsa_write(kv.to(device), gc.view("c4_kv", 2), k.to(device), gc.view("c4_indexer", 2),
+                        slots.to(device), indexer=indexer)
+        r4.v4_mla_write(gc.expected_view("c4_kv", 2), slots, kv)
+        (r4.mxfp4_write if indexer == "mxfp4" else r4.v4_indexer_write)(
+            gc.expected_view("c4_indexer", 2), slots, k)
+    assert closing == 75 + 1 + 0 + 1 + 0                       # tokens 3, 7, ... of each request
+    gc.assert_matches()
+    # the rows read back through the compressed block table: row c <- token 4c + 3
+    out = o4.gather_v4(gc.view("c4_kv", 2), bt.to(device), torch.tensor([0, 75, 77], dtype=torch.int32,
+                                                                         device=device))
+    assert _same(out, r4.v4_mla_gather(gc.expected_view("c4_kv", 2), bt, torch.tensor([0, 75, 77])))
+
+
+def test_v4_dsa_write_refuses_mismatched_pairs():
+    plan = pro_plan(num_blocks=3)
+    gc = guarded(plan, seed=17)
+    kv, k = torch.randn(2, 512, dtype=torch.bfloat16), torch.randn(2, 128, dtype=torch.bfloat16)
+    slots = torch.tensor([0, 1])
+    with pytest.raises(TypeError, match="k_idx must have the dtype of kv"):
+        o4.v4_dsa_write(kv, gc.view("c4_kv", 0), k.float(), gc.view("c4_indexer", 0), slots)
+    with pytest.raises(ValueError, match="must share one block table"):
+        o4.v4_dsa_write(kv, gc.view("c4_kv", 0), k, gc.view("c4_indexer", 0)[:2], slots)
+    with pytest.raises(ValueError, match=r"indexer_view rows must be 68 bytes"):
+        o4.v4_dsa_write(kv, gc.view("c4_kv", 0), k, gc.view("c128_kv", 0), slots)
+    with pytest.raises(ValueError, match='indexer must be "mxfp4" or "fp8"'):
+        o4.v4_dsa_write(kv, gc.view("c4_kv", 0), k, gc.view("c4_indexer", 0), slots, indexer="fp4")
+    gc.assert_unchanged()
+
+
+def test_flashinfer_layout_rows_are_plain_rows(device):
+    """The FlashInfer variant's 512-wide per-tensor e4m3 rows (pages padded to 512 B) are the
+    plain K/V ops' rows: reshape_and_cache / gather_kv with a scale, byte for byte the reference;
+    bf16 512-wide rows ("auto") likewise, in a 1024-B spec."""
+    groups = kvc.presets.deepseek_v4("flash", mla="flashinfer_fp8")
+    groups.append(kvc.CacheGroup("bf16", [kvc.CacheSpec("kv_bf16", 1024, 2, page_align=512)], 64))
+    plan = kvc.plan_cache(groups=groups, num_blocks=5, layout="BLHNC")
+    assert plan.spec("c4_kv").row_bytes == 512
+    gc = guarded(plan, device, seed=18)
+    kv = special_rows(50, 512, torch.bfloat16, seed=19)[:50]
+    slots = distinct_slots(5 * 64, 50, seed=20)
+    scale = torch.tensor([0.25])
+    kvc.ops.reshape_and_cache(kv.unsqueeze(1).to(device), gc.view("c4_kv", 3), slots.to(device), "fp8", scale)
+    ref.reshape_and_cache(kv.unsqueeze(1), gc.expected_view("c4_kv", 3), slots, "fp8", scale)
+    kvc.ops.reshape_and_cache(kv.unsqueeze(1).to(device), gc.view("kv_bf16", 1), slots.to(device))
+    ref.reshape_and_cache(kv.unsqueeze(1), gc.expected_view("kv_bf16", 1), slots)
+    gc.assert_matches()
+    bt, cu = torch.tensor([[3, 0, 4]], dtype=torch.int32), torch.tensor([0, 150], dtype=torch.int32)
+    for name, sc in (("c4_kv", scale), ("kv_bf16", None)):
+        got = kvc.ops.gather_kv(gc.view(name, 3 if sc is not None else 1), bt.to(device), cu.to(device),
+                                scale=sc, dtype=torch.bfloat16)
+        want = ref.gather_kv(gc.expected_view(name, 3 if sc is not None else 1), bt, cu,
+                             torch.bfloat16, sc)
+        assert _same(got, want) and bool(got.any())

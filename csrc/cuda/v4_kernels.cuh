@@ -36,18 +36,16 @@ __device__ __forceinline__ void load16_as_bf16(const void* x, int64_t first, flo
   }
 }
 
+// Token t's 584-B row, by the 32 lanes of a warp (all of them: the amax takes shuffles).
 template <DType kIn>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_mla_write_kernel(V4WriteParams p) {
-  const int64_t t = warp_row();
-  if (t >= p.num_tokens) return;
-  const int lane = threadIdx.x % kWarp;
-  const int64_t slot = p.slots[t];
+__device__ __forceinline__ void v4_mla_token(const V4WriteParams& p, int64_t t, int64_t slot,
+                                             int lane) {
   float x[16];
   load16_as_bf16<kIn>(p.x, t * p.x_stride + 16 * lane, x);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) amax = amax_step(amax, x[i]);
-  amax = group_max<4>(amax);  // every lane: shuffles need all 32 (lanes 28..31's is unused)
+  amax = group_max<4>(amax);  // lanes 28..31's (RoPE) is unused
   if (!p.view.valid_slot(slot)) return;
   const SplitAddress a = split_address(p.view, slot, kV4DataBytes, kV4ScaleBytes);
   uint8_t* data = p.view.base + a.first;
@@ -72,21 +70,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_mla_write_kernel(V4
   }
 }
 
+// Row `row`'s 68-B MXFP4 row at `slot`, by eight lanes (sub = 0..7; pairs of lanes shuffle, so
+// every lane of the warp calls this); `store` false: the lane computes but writes nothing.
 template <DType kIn>
-__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mxfp4_write_kernel(V4WriteParams p) {
-  const int lane = threadIdx.x % kWarp, sub = lane % kIndexerLanes;
-  const int64_t first = warp_row() * kMxfp4TokensPerWarp;
-  if (first >= p.num_tokens) return;  // whole warp: shuffles below
-  const int64_t t = first + lane / kIndexerLanes;
-  const bool live = t < p.num_tokens;
-  const int64_t slot = live ? p.slots[t] : -1;  // a dead lane group reads row `first`, writes nothing
+__device__ __forceinline__ void mxfp4_token(const V4WriteParams& p, int64_t row, int64_t slot,
+                                            int sub, bool store) {
   float x[16];
-  load16_as_bf16<kIn>(p.x, (live ? t : first) * p.x_stride + 16 * sub, x);
+  load16_as_bf16<kIn>(p.x, row * p.x_stride + 16 * sub, x);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) amax = amax_step(amax, x[i]);
   amax = group_max<2>(amax);
-  if (!p.view.valid_slot(slot)) return;
+  if (!store || !p.view.valid_slot(slot)) return;
   const int32_t e = mxfp4_exponent(amax);
   const float m = pow2f(-e);
   uint32_t w[2] = {0, 0};
@@ -98,6 +93,35 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mxfp4_write_kernel(V4W
   const SplitAddress a = split_address(p.view, slot, kMxfp4PackedBytes, kMxfp4ScaleBytes);
   store_words(p.view.base + a.first + 8 * sub, w);
   if (sub % 2 == 0) p.view.base[a.last + sub / 2] = static_cast<uint8_t>(e + 127);
+}
+
+template <DType kIn>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_mla_write_kernel(V4WriteParams p) {
+  const int64_t t = warp_row();
+  if (t < p.num_tokens) v4_mla_token<kIn>(p, t, p.slots[t], threadIdx.x % kWarp);
+}
+
+template <DType kIn>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mxfp4_write_kernel(V4WriteParams p) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t first = warp_row() * kMxfp4TokensPerWarp;
+  if (first >= p.num_tokens) return;  // whole warp: shuffles below
+  const int64_t t = first + lane / kIndexerLanes;
+  const bool live = t < p.num_tokens;  // a dead lane group reads row `first`, writes nothing
+  mxfp4_token<kIn>(p, live ? t : first, live ? p.slots[t] : -1, lane % kIndexerLanes, live);
+}
+
+// A compressed group's pair in one launch (DeepSeek-V4's dsa_write): one warp per token writes
+// its 584-B main-KV row, then lanes 0..7 its MXFP4 indexer row, at one slot.
+template <DType kIn>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_pair_write_kernel(V4WriteParams mla,
+                                                                               V4WriteParams idx) {
+  const int64_t t = warp_row();
+  if (t >= mla.num_tokens) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t slot = mla.slots[t];
+  v4_mla_token<kIn>(mla, t, slot, lane);
+  mxfp4_token<kIn>(idx, t, slot, lane % kIndexerLanes, lane < kIndexerLanes);
 }
 
 // One 584-B row (slot valid, or < 0 for a zero row) into out, by the lanes of one warp.
@@ -208,6 +232,16 @@ void dispatch_v4_write(const V4WriteParams& p, const Launch& launch) {
     case DType::kBFloat16: return launch(mxfp4_write_kernel<DType::kBFloat16>, grid, p);
     case DType::kFloat16: return launch(mxfp4_write_kernel<DType::kFloat16>, grid, p);
     case DType::kFloat32: return launch(mxfp4_write_kernel<DType::kFloat32>, grid, p);
+  }
+}
+
+template <class Launch>
+void dispatch_v4_pair_write(const V4WriteParams& mla, const V4WriteParams& idx, const Launch& launch) {
+  const unsigned grid = grid_for(mla.num_tokens);
+  switch (mla.dtype) {  // the op layer checks that both inputs share it
+    case DType::kBFloat16: return launch(v4_pair_write_kernel<DType::kBFloat16>, grid, mla, idx);
+    case DType::kFloat16: return launch(v4_pair_write_kernel<DType::kFloat16>, grid, mla, idx);
+    case DType::kFloat32: return launch(v4_pair_write_kernel<DType::kFloat32>, grid, mla, idx);
   }
 }
 

@@ -104,6 +104,13 @@ void v4_quant_and_cache(const Tensor& x, const Tensor& view, const Tensor& slot_
   if (p.num_tokens) kvc::cuda::dispatch_v4_write(p, Launch{});
 }
 
+void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
+                  const Tensor& indexer_view, const Tensor& slot_mapping,
+                  const std::string& scale_floor) {
+  const auto a = kvc::v4_pair_write_args(kv, mla_view, k_idx, indexer_view, slot_mapping, scale_floor);
+  if (a.mla.num_tokens) kvc::cuda::dispatch_v4_pair_write(a.mla, a.idx, Launch{});
+}
+
 void gather_v4(const Tensor& view, const std::optional<Tensor>& block_table,
                const std::optional<Tensor>& cu_seq_lens, const std::optional<Tensor>& seq_starts,
                const std::optional<Tensor>& slots, const std::string& format, const Tensor& out) {
@@ -161,6 +168,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gather_kv", &gather_kv);
   m.def("copy_spans", &copy_spans);
   m.def("v4_quant_and_cache", &v4_quant_and_cache);
+  m.def("v4_dsa_write", &v4_dsa_write);
   m.def("gather_v4", &gather_v4);
   m.def("gather_v4_window", &gather_v4_window);
   m.def("canonical_nan_codes", &canonical_nan_codes);
