@@ -16,12 +16,15 @@ the memory). On the CPU the copy has finished when copy_spans returns and `event
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import torch
 
 from ._ext import ops as _ops
 from .cache import KVCache
+from .groups import GroupPlan
 from .layout import CachePlan
+from .transfer_groups import GroupTransferPlan
 from .transfer_plan import TransferPlan
 
 
@@ -128,10 +131,22 @@ def _execute(src: torch.Tensor, dst: torch.Tensor, spans: torch.Tensor, blocks: 
                      event=event, buffers=(src, dst) if gpu is not None else ())
 
 
-def copy_blocks(src: KVCache, dst: KVCache, block_mapping: torch.Tensor) -> CopyStats:
+def copy_blocks(src: KVCache, dst: KVCache, block_mapping) -> CopyStats:
     """Copy blocks src[block_mapping[i, 0]] -> dst[block_mapping[i, 1]], every spec and layer
     of dst's plan (each must be in src's plan), between any layouts and numbers of blocks of one
-    block size. GPU<->GPU, GPU<->CPU (pinned for asynchrony) or CPU<->CPU, as copy_spans."""
+    block size. GPU<->GPU, GPU<->CPU (pinned for asynchrony) or CPU<->CPU, as copy_spans.
+
+    Caches of group plans (plan_cache(groups=...)) take a mapping per group instead,
+    block_mapping = {group name: [M, 2] (src, dst) blocks}: a physical block belongs to one
+    group at a time, so only that group's pages of it move (GroupTransferPlan.block_spans)."""
+    if isinstance(dst.plan, GroupPlan) or isinstance(src.plan, GroupPlan):
+        if not isinstance(block_mapping, Mapping):
+            raise TypeError("caches of group plans take block_mapping = {group name: [M, 2] "
+                            f"blocks}}, got {type(block_mapping).__name__}")
+        spans = GroupTransferPlan(src.plan, dst.plan, groups=list(block_mapping)).block_spans(
+            block_mapping)
+        return _execute(src.buffer, dst.buffer, spans,
+                        blocks=sum(int(m.shape[0]) for m in block_mapping.values()))
     if src.plan.block_size != dst.plan.block_size:
         raise ValueError(f"copy_blocks needs equal block sizes, got {src.plan.block_size} (src) "
                          f"and {dst.plan.block_size} (dst): move tokens with "

@@ -1,0 +1,110 @@
+"""Moving DeepSeek-V4 caches (group plans, SPEC 10) between plans: copy_blocks with a block
+mapping per group, and a request's live rows through NIXL between two Endpoints whose plans
+differ (layout, packing, number of blocks). Rows are written by the V4 kernels and read back
+by them on both sides."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import kvcache_ext as kvc
+from kvcache_ext import ops_v4 as o4
+
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+
+
+def v4_plans() -> tuple[kvc.GroupPlan, kvc.GroupPlan]:
+    groups = kvc.presets.deepseek_v4("flash")
+    return (kvc.plan_cache(groups=groups, num_blocks=12, layout="BLHNC", packing="overlay"),
+            kvc.plan_cache(groups=groups, num_blocks=9, layout="BLNHC", packing="stack"))
+
+
+def poisoned(plan, seed: int) -> kvc.KVCache:
+    g = torch.Generator().manual_seed(seed)
+    return kvc.KVCache(plan, torch.randint(0, 256, (plan.total_bytes,), dtype=torch.uint8, generator=g))
+
+
+def test_copy_blocks_between_group_plans_moves_only_the_named_groups_pages():
+    src_plan, dst_plan = v4_plans()
+    src, dst = poisoned(src_plan, 1), poisoned(dst_plan, 2)
+    before = dst.buffer.clone()
+    mapping = {"main": torch.tensor([[1, 7], [4, 0]]), "c4_states": torch.tensor([[2, 3]])}
+    stats = kvc.copy_blocks(src, dst, mapping)
+    assert stats.blocks == 3
+    want = before.clone()
+    expected = kvc.KVCache(dst_plan, want)
+    moved = 0
+    for gname, pairs in mapping.items():
+        for spec in src_plan.group(gname).specs:
+            rows_bytes = src_plan.rows_per_block(spec.name) * spec.row_bytes
+            for layer in range(spec.num_layers):
+                for s_blk, d_blk in pairs.tolist():
+                    a = src.view(spec.name, layer)[s_blk].reshape(-1)[:rows_bytes]
+                    expected.view(spec.name, layer)[d_blk].reshape(-1)[:rows_bytes] = a
+                    moved += rows_bytes
+    assert stats.bytes == moved
+    assert torch.equal(dst.buffer, want)
+    assert int((dst.buffer != before).sum()) > moved // 2  # random bytes: most of them changed
+    with pytest.raises(TypeError, match=r"block_mapping = \{group name"):
+        kvc.copy_blocks(src, dst, torch.tensor([[0, 0]]))
+    with pytest.raises(ValueError, match="not in"):
+        kvc.copy_blocks(src, dst, {"nope": torch.tensor([[0, 0]])})
+
+
+def nixl_module():
+    try:
+        import kvcache_ext.nixl as kn
+    except ImportError as e:  # pragma: no cover
+        if os.environ.get("KVC_REQUIRE_NIXL") == "1":
+            raise
+        pytest.skip(f"nixl is not installed ({e})")
+    return kn
+
+
+def test_v4_request_through_nixl_between_different_plans():
+    kn = nixl_module()
+    src_plan, dst_plan = v4_plans()
+    owner_cache = poisoned(src_plan, 3)
+    reader_cache = poisoned(dst_plan, 4)
+    n = 300                                                   # tokens of the request
+    pos, req = torch.arange(n), torch.zeros(n, dtype=torch.int64)
+    # (owner, reader) block tables; overlaid groups share the owner's pool: disjoint blocks
+    tables = {"main": (torch.tensor([3, 0]), torch.tensor([8, 2])),           # 256 tokens / block
+              "swa0": (torch.tensor([5, 1, 2, 4, 6]), torch.tensor([0, 1, 3, 6, 7]))}  # 64
+    g = torch.Generator().manual_seed(5)
+    kv = (torch.randn(n, 512, generator=g) * 4).to(torch.bfloat16)
+    k = torch.randn(n, 128, generator=g).to(torch.bfloat16)
+    bt = lambda name: tables[name][0].to(torch.int32).unsqueeze(0)  # noqa: E731
+    c4 = kvc.slot_mapping(bt("main"), pos, 256, req, compress_ratio=4)
+    o4.v4_dsa_write(kv, owner_cache.view("c4_kv", 1), k, owner_cache.view("c4_indexer", 1), c4)
+    o4.v4_mla_quant_and_cache(kv, owner_cache.view("swa0_kv", 1), kvc.slot_mapping(bt("swa0"), pos, 64, req))
+    a = kn.Endpoint("v4-owner", owner_cache)
+    b = kn.Endpoint("v4-reader", reader_cache)
+    try:
+        peer = b.add_peer(a.metadata())
+        assert peer.plan == src_plan and peer.plan.block_stride == src_plan.block_stride
+        xp = kvc.GroupTransferPlan(peer.plan, b.plan, groups=list(tables))
+        spans = xp.token_spans({g: (s.to(torch.int32), d.to(torch.int32))
+                                for g, (s, d) in tables.items()}, n)
+        b.read(peer, spans).wait(30)
+    finally:
+        b.close()
+        a.close()
+    # the request's rows read back on both sides: compressed + SWA window, and the indexer
+    lens = torch.tensor([n], dtype=torch.int32)
+    side = lambda c, i: o4.gather_compressed_and_swa(  # noqa: E731
+        c.view("c4_kv", 1), tables["main"][i].to(torch.int32)[None], 4, c.view("swa0_kv", 1),
+        tables["swa0"][i].to(torch.int32)[None], lens)[0]
+    got, want = side(reader_cache, 1), side(owner_cache, 0)
+    assert got.shape == (75 + 128, 512) and torch.equal(got.view(torch.int16), want.view(torch.int16))
+    idx = lambda c, i: o4.gather_v4(c.view("c4_indexer", 1), tables["main"][i].to(torch.int32)[None],  # noqa: E731
+                                    torch.tensor([0, 75], dtype=torch.int32), "mxfp4", raw=True)
+    assert torch.equal(idx(reader_cache, 1), idx(owner_cache, 0))
+    # SWA rows outside the last 128 tokens were not moved: the reader keeps its poison there
+    early = o4.gather_v4(reader_cache.view("swa0_kv", 1), tables["swa0"][1].to(torch.int32)[None],
+                         torch.tensor([0, 64], dtype=torch.int32), raw=True)
+    owner_early = o4.gather_v4(owner_cache.view("swa0_kv", 1), tables["swa0"][0].to(torch.int32)[None],
+                               torch.tensor([0, 64], dtype=torch.int32), raw=True)
+    assert not torch.equal(early, owner_early)
