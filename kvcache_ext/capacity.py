@@ -219,6 +219,14 @@ class GroupPool:
     requests: int                        # requests of `tokens` tokens the pool holds at once
 
 
+def rank_groups(groups, pp: int = 1) -> list:
+    """The cache groups of the largest pipeline stage: every spec keeps the layers of its largest
+    stage (rank_specs; V4's caches have one head, whole on every TP rank). SPEC 10 does not give
+    the order of V4's layer kinds, so each kind is split on its own: an upper bound of what any
+    one stage holds, exact when a kind's layers spread evenly over the stages."""
+    return [replace(g, specs=rank_specs(g.specs, 1, pp)) for g in groups]
+
+
 def group_usage(groups) -> list[GroupUsage]:
     out = []
     for g in groups:

@@ -59,24 +59,30 @@ def _per_token(b: int) -> str:
 
 def cmd_capacity_groups(args: argparse.Namespace) -> None:
     """--model deepseek-v4-pro|flash: bytes per token per group, blocks for a budget, and the
-    V3.2 pair for comparison (one rank: the H = 1 caches are whole on every TP rank)."""
+    V3.2 pair for comparison (one rank: the H = 1 caches are whole on every TP rank; --pp: the
+    largest pipeline stage, capacity.rank_groups)."""
     others = [f for f, v in (("--spec", args.spec), ("--layers", args.layers),
                              ("--kv-heads", args.kv_heads), ("--head-dim", args.head_dim),
                              ("--dtype-bytes", args.dtype_bytes), ("--requests", args.requests),
                              ("--block-size", args.block_size)) if v is not None]
-    if args.pp != 1:
-        others.append("--pp")
     if others:
         raise CliError(f"{', '.join(others)} cannot be combined with --model {args.model} "
                        f"(cache groups with fixed row formats and block sizes)")
-    groups = group_preset(args.model, mla=args.mla, indexer=args.indexer)
+    try:
+        groups = cap.rank_groups(group_preset(args.model, mla=args.mla, indexer=args.indexer), args.pp)
+    except ValueError as e:
+        raise CliError(f"--pp {args.pp}: {e}") from None
     usage = cap.group_usage(groups)
     budget = int((args.budget_gib or 80) * 2**30)
     pool = cap.group_pool_for_budget(groups, budget, args.tokens)
     v32 = preset("deepseek-v3.2")
-    v32_tok = cap.bytes_per_token(v32.specs)
-    v32_pool = cap.pool_for_budget(v32.specs, budget, v32.block_size)
-    print(f"model {args.model} (mla={args.mla}, indexer={args.indexer}; SPEC 10), "
+    v32_specs = cap.rank_specs(v32.specs, 1, args.pp)
+    v32_tok = cap.bytes_per_token(v32_specs)
+    v32_pool = cap.pool_for_budget(v32_specs, budget, v32.block_size)
+    stage = (f"; the largest of {args.pp} PP stages: "
+             + ", ".join(f"{s.name} {s.num_layers}" for g in groups for s in g.specs) + " layers"
+             if args.pp > 1 else "")
+    print(f"model {args.model} (mla={args.mla}, indexer={args.indexer}; SPEC 10{stage}), "
           f"{len(groups)} cache groups in one block pool, packing=overlay, block stride "
           f"{pool.block_stride} B:")
     for u in usage:
@@ -93,7 +99,8 @@ def cmd_capacity_groups(args: argparse.Namespace) -> None:
     print(f"pool for {budget / 2**30:g} GiB per rank: {pool.num_blocks} blocks of "
           f"{pool.block_stride} B = {pool.requests} requests of {args.tokens} tokens")
     v32_need = math.ceil(args.tokens / v32.block_size) if args.tokens else 0
-    print(f"DeepSeek-V3.2 (mla 656 B + indexer 132 B, 61 layers, block {v32.block_size}): "
+    print(f"DeepSeek-V3.2 (mla 656 B + indexer 132 B, {v32_specs[0].num_layers} layers, "
+          f"block {v32.block_size}): "
           f"{v32_tok} B/token; {v32_pool.num_blocks} blocks = "
           f"{v32_pool.num_blocks // v32_need if v32_need else 0} requests of {args.tokens} tokens"
           + (f" ({v32_tok / per_tok:.1f}x the bytes per token)" if per_tok else ""))

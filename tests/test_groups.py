@@ -328,6 +328,11 @@ def test_capacity_v4_against_v32():
     assert kvc.CacheGroup("w", [kvc.CacheSpec("a", 1)], 64, window=128).blocks_for(130) == 3
     v32 = cap.bytes_per_token(kvc.presets.preset("deepseek-v3.2").specs)
     assert v32 == 61 * (656 + 132) > 8.9 * 534 * 1_315_008 / 131072
+    # a PP stage holds its share of every kind's layers
+    stage = {s.name: s.num_layers for g in cap.rank_groups(pro, 4) for s in g.specs}
+    assert stage["c4_kv"] == 8 and stage["c128_kv"] == 8 and stage["swa0_kv"] == 8
+    assert [s.num_layers for g in cap.rank_groups(pro, 1) for s in g.specs] == \
+        [s.num_layers for g in pro for s in g.specs]
 
 
 def test_cli_v4_capacity_and_layout(tmp_path, capsys):
@@ -335,8 +340,16 @@ def test_cli_v4_capacity_and_layout(tmp_path, capsys):
     assert main(["capacity", "--model", "deepseek-v4-pro", "--tokens", "131072"]) == 0
     out = capsys.readouterr().out
     assert "block stride 1315008 B" in out and "DeepSeek-V3.2" in out
-    assert main(["capacity", "--model", "deepseek-v4-flash", "--pp", "2"]) == 2
+    assert main(["capacity", "--model", "deepseek-v4-flash", "--layers", "2"]) == 2
     assert "cannot be combined" in capsys.readouterr().err
+    # --pp: the largest stage of each kind (vLLM's split: the first stage is the smaller one)
+    assert main(["capacity", "--model", "deepseek-v4-pro", "--pp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "c4_kv 15, c4_indexer 15, c128_kv 16" in out and "31 layers, block 64" in out
+    stride = (15 * 37_440 + 15 * 4_608 + 16 * 1_728)          # group 0 is still the largest
+    assert f"block stride {stride} B" in out
+    assert main(["capacity", "--model", "deepseek-v4-flash", "--pp", "64"]) == 2
+    assert "pp (64) must not exceed num_layers (21)" in capsys.readouterr().err
     svg = tmp_path / "slab.svg"
     assert main(["layout", "--preset", "deepseek-v4-pro", "--mla", "flashinfer_fp8",
                  "--svg", str(svg)]) == 0
