@@ -155,6 +155,17 @@ KVC_AVX2 float row_amax(const void* src, DType t, int64_t n) {
 KVC_AVX2 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
   const __m256 s = _mm256_set1_ps(scale);
   int64_t i = 0;
+  // 32 codes at a time, packed 32 -> 16 -> 8 bits (codes are <= 0xFF: no saturation) and put
+  // back in order by one dword permutation: five instructions instead of four per 8 codes.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (; i + 32 <= n; i += 32) {
+    const __m256i a = e4m3_encode8(_mm256_div_ps(load8(src, t, i), s));
+    const __m256i b = e4m3_encode8(_mm256_div_ps(load8(src, t, i + 8), s));
+    const __m256i c = e4m3_encode8(_mm256_div_ps(load8(src, t, i + 16), s));
+    const __m256i d = e4m3_encode8(_mm256_div_ps(load8(src, t, i + 24), s));
+    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permutevar8x32_epi32(bytes, order));
+  }
   for (; i + 8 <= n; i += 8) store_low_bytes8(e4m3_encode8(_mm256_div_ps(load8(src, t, i), s)), out + i);
   scalar::quantize_row(static_cast<const uint8_t*>(src) + i * dtype_size(t), t, n - i, scale, out + i);
 }
