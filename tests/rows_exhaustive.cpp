@@ -1,5 +1,5 @@
-// Host program: the AVX2 row loops (csrc/cpu/rows_avx2.cpp) against the scalar ones
-// (csrc/cpu/rows.cpp) byte for byte. fp32 -> e4m3 over every one of the 2^32 float bit patterns
+// Host program: the AVX2 and AVX-512 row loops (csrc/cpu/rows_avx2.cpp, rows_avx512.cpp) against
+// the scalar ones (csrc/cpu/rows.cpp) byte for byte, each that this CPU has. fp32 -> e4m3 over every one of the 2^32 float bit patterns
 // with a power-of-two and a non-power-of-two scale; every bf16 / fp16 pattern with several
 // scales; every code decoded to bf16 / fp16 / fp32 under ordinary and extreme scales; amax with
 // NaN, inf and lengths that leave scalar tails. Prints "mismatches: N"; exit status 1 if any.
@@ -11,7 +11,15 @@
 
 using kvc::DType;
 namespace scalar = kvc::cpu::scalar;
-namespace avx2 = kvc::cpu::avx2;
+
+// One SIMD implementation of the row loops.
+struct Impl {
+  const char* name;
+  bool (*supported)();
+  float (*row_amax)(const void*, DType, int64_t);
+  void (*quantize_row)(const void*, DType, int64_t, float, uint8_t*);
+  void (*decode_row)(const uint8_t*, int64_t, float, DType, uint8_t*);
+};
 
 static unsigned long long bad = 0;
 
@@ -19,16 +27,12 @@ template <class T>
 static void expect_same(const char* what, const std::vector<T>& a, const std::vector<T>& b, uint64_t at) {
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] != b[i] && bad++ < 8)
-      std::printf("%s: element %llu: avx2 0x%x, scalar 0x%x\n", what, (unsigned long long)(at + i),
+      std::printf("%s: element %llu: simd 0x%x, scalar 0x%x\n", what, (unsigned long long)(at + i),
                   (unsigned)a[i], (unsigned)b[i]);
   }
 }
 
-int main() {
-  if (!avx2::supported()) {
-    std::printf("no AVX2 on this CPU: nothing to compare\nmismatches: 0\n");
-    return 0;
-  }
+static void compare(const Impl& simd) {
   constexpr int64_t kChunk = 1 << 16;
   // Every float through quantize_row (n = kChunk - 3: the last values take the scalar tail).
   for (float scale : {1.0f, 0.3f}) {
@@ -37,7 +41,7 @@ int main() {
       std::vector<uint32_t> x(kChunk);
       for (int64_t i = 0; i < kChunk; ++i) x[i] = static_cast<uint32_t>(c * kChunk + i);
       std::vector<uint8_t> a(kChunk), b(kChunk);
-      avx2::quantize_row(x.data(), DType::kFloat32, kChunk - 3, scale, a.data());
+      simd.quantize_row(x.data(), DType::kFloat32, kChunk - 3, scale, a.data());
       scalar::quantize_row(x.data(), DType::kFloat32, kChunk - 3, scale, b.data());
 #pragma omp critical
       expect_same("quantize fp32", a, b, c * kChunk);
@@ -49,7 +53,7 @@ int main() {
   for (DType t : {DType::kBFloat16, DType::kFloat16}) {
     for (float scale : {1.0f, 0.0625f, 0.3f, 1.1754944e-38f, 2.2e-4f, 3.0e38f}) {
       std::vector<uint8_t> a(1 << 16), b(1 << 16);
-      avx2::quantize_row(h.data(), t, 1 << 16, scale, a.data());
+      simd.quantize_row(h.data(), t, 1 << 16, scale, a.data());
       scalar::quantize_row(h.data(), t, 1 << 16, scale, b.data());
       expect_same("quantize 16-bit", a, b, 0);
     }
@@ -62,7 +66,7 @@ int main() {
     for (float scale : {1.0f, 0.3f, 1.1754944e-38f, 3.0e38f, 2.0e-3f, nan, inf}) {
       const size_t bytes = codes.size() * kvc::dtype_size(t);
       std::vector<uint8_t> a(bytes), b(bytes);
-      avx2::decode_row(codes.data(), codes.size(), scale, t, a.data());
+      simd.decode_row(codes.data(), codes.size(), scale, t, a.data());
       scalar::decode_row(codes.data(), codes.size(), scale, t, b.data());
       expect_same("decode", a, b, 0);
     }
@@ -77,10 +81,27 @@ int main() {
         w[g() % n] = t == DType::kFloat32 ? 0x7FC00000u : 0x7FC17FC1u;  // NaN
         if (n % 5 == 0) w[g() % n] = t == DType::kFloat32 ? 0xFF800000u : 0xFC00FF80u;  // -inf
       }
-      const std::vector<uint32_t> a{kvc::float_bits(avx2::row_amax(w.data(), t, n))};
+      const std::vector<uint32_t> a{kvc::float_bits(simd.row_amax(w.data(), t, n))};
       const std::vector<uint32_t> b{kvc::float_bits(scalar::row_amax(w.data(), t, n))};
       expect_same("amax", a, b, n);
     }
+  }
+}
+
+int main() {
+  const Impl impls[] = {
+      {"avx2", kvc::cpu::avx2::supported, kvc::cpu::avx2::row_amax, kvc::cpu::avx2::quantize_row,
+       kvc::cpu::avx2::decode_row},
+      {"avx512", kvc::cpu::avx512::supported, kvc::cpu::avx512::row_amax,
+       kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row}};
+  for (const Impl& simd : impls) {
+    if (!simd.supported()) {
+      std::printf("%s: not on this CPU, not compared\n", simd.name);
+      continue;
+    }
+    const unsigned long long before = bad;
+    compare(simd);
+    std::printf("%s: compared, %llu mismatches\n", simd.name, bad - before);
   }
   std::printf("mismatches: %llu\n", bad);
   return bad ? 1 : 0;

@@ -8,11 +8,29 @@
 #include "rows.h"
 
 namespace kvc::cpu {
+namespace {
+
+// Explicit slots (a sparse top-k) send each token to a random row: asking for the row kAhead
+// tokens on overlaps those misses with the current token's decoding. Rows read through a
+// block table are consecutive within a block, which the hardware prefetcher follows.
+constexpr int64_t kAhead = 8;
+inline void prefetch_slot_row(const TokenSource& src, const PagedView& v, int64_t t, int64_t end,
+                              int64_t first, int64_t bytes) {
+  if (src.slots == nullptr || t + kAhead >= end) return;
+  const int64_t slot = src.slots[t + kAhead];
+  if (!v.valid_slot(slot)) return;
+  const uint8_t* row = v.base + v.offset(slot) + first;
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
+  __builtin_prefetch(row + bytes - 1, 0, 3);
+}
+
+}  // namespace
 
 void mla_gather(const MlaGatherParams& p) {
   const int64_t out_bytes = mla_gather_row_bytes(p);
   at::parallel_for(0, p.num_tokens, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
+      prefetch_slot_row(p.src, p.view, t, end, 0, p.view.row_bytes);
       uint8_t* out = p.out + t * p.out_stride;
       const int64_t slot = p.src.slot_of(t, p.view);
       if (slot == kNoRow) continue;
@@ -73,6 +91,12 @@ void kv_gather(const KvGatherParams& p) {
 void indexer_gather(const IndexerGatherParams& p) {
   at::parallel_for(0, p.num_tokens, 256, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
+      if (p.src.slots != nullptr && t + kAhead < end && p.view.valid_slot(p.src.slots[t + kAhead])) {
+        const IndexerAddress n = indexer_address(p.view, p.src.slots[t + kAhead], p.placement);
+        __builtin_prefetch(p.view.base + n.codes, 0, 3);
+        __builtin_prefetch(p.view.base + n.codes + kIndexerDim - 1, 0, 3);
+        __builtin_prefetch(p.view.base + n.scale, 0, 3);
+      }
       uint8_t* codes = p.codes + t * p.codes_stride;
       const int64_t slot = p.src.slot_of(t, p.view);
       if (slot == kNoRow) continue;

@@ -1,5 +1,9 @@
 #include "rows.h"
 
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
 namespace kvc::cpu {
 
 namespace scalar {
@@ -30,20 +34,47 @@ void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, u
 }  // namespace scalar
 
 namespace {
-const bool kAvx2 = avx2::supported();
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+Isa pick_isa() {
+  const char* cap = std::getenv("KVC_CPU_ISA");
+  const std::string want = cap ? cap : "avx512";
+  if (want != "scalar" && want != "avx2" && want != "avx512")
+    throw std::invalid_argument("KVC_CPU_ISA must be scalar, avx2 or avx512, got " + want);
+  if (want == "avx512" && avx512::supported()) return Isa::kAvx512;
+  if (want != "scalar" && avx2::supported()) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+const Isa kIsa = pick_isa();
 }  // namespace
 
+const char* isa() {
+  return kIsa == Isa::kAvx512 ? "avx512" : kIsa == Isa::kAvx2 ? "avx2" : "scalar";
+}
+
 float row_amax(const void* src, DType t, int64_t n) {
-  return kAvx2 ? avx2::row_amax(src, t, n) : scalar::row_amax(src, t, n);
+  switch (kIsa) {
+    case Isa::kAvx512: return avx512::row_amax(src, t, n);
+    case Isa::kAvx2: return avx2::row_amax(src, t, n);
+    default: return scalar::row_amax(src, t, n);
+  }
 }
 
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
-  kAvx2 ? avx2::quantize_row(src, t, n, scale, out) : scalar::quantize_row(src, t, n, scale, out);
+  switch (kIsa) {
+    case Isa::kAvx512: return avx512::quantize_row(src, t, n, scale, out);
+    case Isa::kAvx2: return avx2::quantize_row(src, t, n, scale, out);
+    default: return scalar::quantize_row(src, t, n, scale, out);
+  }
 }
 
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
-  kAvx2 ? avx2::decode_row(codes, n, scale, out_dtype, out)
-        : scalar::decode_row(codes, n, scale, out_dtype, out);
+  switch (kIsa) {
+    case Isa::kAvx512: return avx512::decode_row(codes, n, scale, out_dtype, out);
+    case Isa::kAvx2: return avx2::decode_row(codes, n, scale, out_dtype, out);
+    default: return scalar::decode_row(codes, n, scale, out_dtype, out);
+  }
 }
 
 }  // namespace kvc::cpu

@@ -1,8 +1,10 @@
 // Hot per-row loops of the CPU kernels: amax, fp8 quantization and fp8 decoding of a row of
-// n values. Two implementations give the same bytes: portable scalar code (branch-free, which
-// GCC auto-vectorizes) and AVX2 intrinsics (rows_avx2.cpp, compiled for AVX2 function by
-// function, so the library still loads on any x86-64). The public functions pick AVX2 at run
-// time when the CPU has it; tests/rows_exhaustive.cpp compares the two on every float.
+// n values. Three implementations give the same bytes: portable scalar code (branch-free, which
+// GCC auto-vectorizes), AVX2 intrinsics (rows_avx2.cpp) and AVX-512 intrinsics
+// (rows_avx512.cpp), each compiled for its ISA function by function, so the library still
+// loads on any x86-64. The public functions pick the widest the CPU has at load time
+// (KVC_CPU_ISA=scalar|avx2|avx512 caps it, for comparisons); tests/rows_exhaustive.cpp
+// compares each SIMD version with the scalar one on every float.
 #pragma once
 #include <cstdint>
 
@@ -31,5 +33,15 @@ float row_amax(const void* src, DType t, int64_t n);
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 }  // namespace avx2
+
+namespace avx512 {
+bool supported();  // AVX-512 F, BW and VL, and F16C
+float row_amax(const void* src, DType t, int64_t n);
+void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
+void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
+}  // namespace avx512
+
+// The implementation the public functions use: "scalar", "avx2" or "avx512".
+const char* isa();
 
 }  // namespace kvc::cpu
