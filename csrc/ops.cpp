@@ -174,6 +174,15 @@ void gather_kv(const Tensor& view, const Tensor& block_table, const Tensor& cu_s
              [](const KvGatherParams& p, void* s) { KVC_CUDA(cuda::kv_gather(p, s)); });
 }
 
+// Rows at explicit slots (a sparse top-k over plain rows, e.g. V4's FlashInfer-layout cache).
+void gather_kv_slots(const Tensor& view, const Tensor& slots, const Tensor& out, bool validate,
+                     const std::optional<Tensor>& scale) {
+  NvtxRange range("kvc::gather_kv_slots");
+  const GatherSource src{std::nullopt, std::nullopt, std::nullopt, slots};
+  run_gather(view, src, kv_gather_args(view, src, out, scale), validate, cpu::kv_gather,
+             [](const KvGatherParams& p, void* s) { KVC_CUDA(cuda::kv_gather(p, s)); });
+}
+
 void run_indexer_gather(const Tensor& view, const GatherSource& src, S placement,
                         const Tensor& codes, const Tensor& scales, bool validate) {
   run_gather(view, src, indexer_gather_args(view, src, sv(placement), codes, scales), validate,
@@ -321,6 +330,7 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
   m.impl("reshape_and_cache", &reshape_and_cache);           \
   m.impl("reshape_and_cache_kv", &reshape_and_cache_kv);     \
   m.impl("gather_kv", &gather_kv);                           \
+  m.impl("gather_kv_slots", &gather_kv_slots);               \
   m.impl("concat_and_cache_mla", &concat_and_cache_mla);     \
   m.impl("indexer_k_quant_and_cache", &indexer_k_quant_and_cache); \
   m.impl("dsa_write", &dsa_write);                           \

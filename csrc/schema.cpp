@@ -24,6 +24,8 @@ TORCH_LIBRARY(kvcache_ext, m) {
         "bool validate=True, Tensor? scale=None) -> ()");
   m.def("gather_kv(Tensor view, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts, "
         "Tensor(a!) out, bool validate=True, Tensor? scale=None) -> ()");
+  m.def("gather_kv_slots(Tensor view, Tensor slots, Tensor(a!) out, bool validate=True, "
+        "Tensor? scale=None) -> ()");
   m.def("gather_indexer(Tensor view, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts, "
         "str placement, Tensor(a!) codes, Tensor(b!) scales, bool validate=True) -> ()");
   m.def("gather_indexer_slots(Tensor view, Tensor slots, str placement, Tensor(a!) codes, "

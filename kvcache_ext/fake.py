@@ -19,6 +19,7 @@ _DEVICE_ARGS = {
     "gather_mla": ("view", ("block_table", "cu_seq_lens", "seq_starts", "out")),
     "gather_mla_slots": ("view", ("slots", "out")),
     "gather_kv": ("view", ("block_table", "cu_seq_lens", "seq_starts", "out")),
+    "gather_kv_slots": ("view", ("slots", "out")),
     "gather_indexer": ("view", ("block_table", "cu_seq_lens", "seq_starts", "codes", "scales")),
     "gather_indexer_slots": ("view", ("slots", "codes", "scales")),
     "v4_quant_and_cache": ("view", ("x", "slot_mapping")),

@@ -165,6 +165,17 @@ def gather_mla_slots(view: torch.Tensor, slots: torch.Tensor, kv_cache_dtype: st
     return out
 
 
+def _kv_out(view: torch.Tensor, rows: tuple[int, ...], dtype: torch.dtype | None,
+            scale: torch.Tensor | None) -> torch.Tensor:
+    """[*rows, H, D] for view rows of C bytes: D = C (e4m3 codes, with a scale) or C / itemsize."""
+    dtype = dtype or torch.bfloat16
+    c = view.shape[-1]
+    itemsize = 1 if scale is not None else torch.empty(0, dtype=dtype).element_size()
+    if c % itemsize:
+        raise ValueError(f"view rows of {c} bytes do not hold whole {dtype} values")
+    return torch.empty(*rows, view.shape[1], c // itemsize, dtype=dtype, device=view.device)
+
+
 def gather_kv(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor, *,
               seq_starts: torch.Tensor | None = None, dtype: torch.dtype | None = None,
               scale: Scale = None, out: torch.Tensor | None = None,
@@ -175,17 +186,26 @@ def gather_kv(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.
     tensor, or per head [H]). Into `out=`, rows past cu_seq_lens[-1] are left as they are."""
     scale = _scale(scale)
     if out is None:
-        rows = _num_tokens(view, block_table, cu_seq_lens, num_tokens)
-        dtype = dtype or torch.bfloat16
-        c = view.shape[-1]
-        itemsize = 1 if scale is not None else torch.empty(0, dtype=dtype).element_size()
-        if c % itemsize:
-            raise ValueError(f"view rows of {c} bytes do not hold whole {dtype} values")
-        out = torch.empty(rows, view.shape[1], c // itemsize, dtype=dtype, device=view.device)
+        out = _kv_out(view, (_num_tokens(view, block_table, cu_seq_lens, num_tokens),), dtype, scale)
     elif dtype is not None and out.dtype != dtype:
         raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
     _ops.gather_kv(view, block_table, cu_seq_lens, seq_starts, out,
                    _validate_default(validate, view), scale)
+    return out
+
+
+def gather_kv_slots(view: torch.Tensor, slots: torch.Tensor, *, dtype: torch.dtype | None = None,
+                    scale: Scale = None, out: torch.Tensor | None = None,
+                    validate: bool | None = None) -> torch.Tensor:
+    """K (or V) rows at explicit int64 slots [K] or [Q, K] -> [*slots.shape, H, D] (copied, or
+    decoded from e4m3 codes with `scale`, as gather_kv); slot -1 gives zeros."""
+    scale = _scale(scale)
+    if out is None:
+        out = _kv_out(view, tuple(slots.shape), dtype, scale)
+    elif dtype is not None and out.dtype != dtype:
+        raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
+    _ops.gather_kv_slots(view, slots.reshape(-1), out.view(-1, *out.shape[-2:]),
+                         _validate_default(validate, view), scale)
     return out
 
 

@@ -52,6 +52,9 @@ class GroupTransferPlan:
                 side = "dst_plan" if d is None else "src_plan"
                 raise ValueError(f"group {gname!r} is not in {side}")
             s = src_groups[gname]
+            if s.window != d.window:  # a window decides which rows are live: both must agree
+                raise ValueError(f"group {gname!r} keeps the last {s.window} tokens in src_plan "
+                                 f"and the last {d.window} in dst_plan")
             for field in ("name", "row_bytes", "split", "compress_ratio", "num_layers",
                           "num_heads"):
                 sv, dv = ([getattr(x, field) for x in g.specs] for g in (s, d))

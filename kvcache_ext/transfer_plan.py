@@ -85,7 +85,21 @@ class TransferPlan:
             the same row_bytes and split.
     layers: {name: (src_first, dst_first, count)}; default all layers (counts must match).
     heads:  {name: (src_first, dst_first, count)}; default all heads (counts must match).
+
+    Given two plans of cache groups (plan_cache(groups=...)), it builds their
+    kvc.GroupTransferPlan instead (specs= then names the groups to move): the same token_spans /
+    block_spans, with one block table per group.
     """
+
+    def __new__(cls, src_plan, dst_plan, specs=None, layers=None, heads=None):
+        from .groups import GroupPlan
+        if cls is TransferPlan and isinstance(src_plan, GroupPlan) and isinstance(dst_plan, GroupPlan):
+            if layers or heads:
+                raise ValueError("layers= and heads= apply to CachePlans; group plans move whole "
+                                 "groups (specs= names the groups)")
+            from .transfer_groups import GroupTransferPlan
+            return GroupTransferPlan(src_plan, dst_plan, groups=specs)
+        return super().__new__(cls)
 
     def __init__(self, src_plan: CachePlan, dst_plan: CachePlan, specs=None,
                  layers: Mapping[str, Range] | None = None,

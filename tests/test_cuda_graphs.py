@@ -120,3 +120,68 @@ def test_dsa_decode_step_replays_in_a_graph():
     assert graphed.lens == eager.lens == [36, 19, 14]
     assert torch.equal(graphed.block_table, eager.block_table)
     assert (graphed.block_table >= 0).sum(1).tolist() == [3, 2, 1]
+
+
+def test_v4_writes_and_reads_replay_in_a_graph():
+    """DeepSeek-V4's ops captured once and replayed with new tokens and blocks: the compressed
+    pair at compressed slots, SWA rows, the compressed + SWA read (offsets from window_rows, on
+    the device) and a sparse read, equal to the reference each time."""
+    from kvcache_ext import ops_v4 as o4
+    from kvcache_ext import reference_v4 as r4
+
+    plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("flash"), num_blocks=8, layout="BLHNC")
+    cache = kvc.allocate(plan, "cuda", fill=0)
+    c4, mx, swa = cache.view("c4_kv", 2), cache.view("c4_indexer", 2), cache.view("swa0_kv", 2)
+    t = 200
+    kv = torch.zeros(t, 512, dtype=torch.bfloat16, device="cuda")
+    k = torch.zeros(t, 128, dtype=torch.bfloat16, device="cuda")
+    c_slots = torch.zeros(t, dtype=torch.int64, device="cuda")
+    s_slots = torch.zeros(t, dtype=torch.int64, device="cuda")
+    c_bt = torch.zeros(1, 1, dtype=torch.int32, device="cuda")
+    s_bt = torch.zeros(1, 4, dtype=torch.int32, device="cuda")
+    lens = torch.tensor([t], dtype=torch.int32, device="cuda")
+    cu_out = o4.window_rows(lens, 4)
+    out = torch.empty(t // 4 + 128, 512, dtype=torch.bfloat16, device="cuda")
+    top = torch.zeros(16, dtype=torch.int64, device="cuda")
+    top_out = torch.empty(16, 128, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        o4.v4_dsa_write(kv, c4, k, mx, c_slots)
+        o4.v4_mla_quant_and_cache(kv, swa, s_slots)
+        o4.gather_compressed_and_swa(c4, c_bt, 4, swa, s_bt, lens, out=out, cu_out=cu_out)
+        o4.gather_v4_slots(mx, top, "mxfp4", out=top_out)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    pos = torch.arange(t)
+    req = torch.zeros(t, dtype=torch.int64)
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        blocks = torch.randperm(8, generator=g)[:5].to(torch.int32)  # 1 main + 4 SWA, disjoint
+        hc, hs = blocks[:1].view(1, 1), blocks[1:].view(1, 4)
+        hkv = (torch.randn(t, 512, generator=g) * 3).to(torch.bfloat16)
+        hk = torch.randn(t, 128, generator=g).to(torch.bfloat16)
+        hc_slots = kvc.slot_mapping(hc, pos, 256, req, compress_ratio=4)
+        hs_slots = kvc.slot_mapping(hs, pos, 64, req)
+        htop = hc_slots[hc_slots >= 0][torch.randperm(t // 4, generator=g)[:16]]
+        for dst, src in ((kv, hkv), (k, hk), (c_slots, hc_slots), (s_slots, hs_slots), (c_bt, hc),
+                         (s_bt, hs), (top, htop)):
+            dst.copy_(src)
+        graph.replay()
+        torch.cuda.synchronize()
+        host = cache.buffer.cpu()
+        hplan = kvc.KVCache(plan, host)
+        want, _ = r4.gather_compressed_and_swa(hplan.view("c4_kv", 2), hc, 4, hplan.view("swa0_kv", 2),
+                                               hs, torch.tensor([t]))
+        assert torch.equal(out.cpu().view(torch.int16), want.view(torch.int16))
+        deq = r4.v4_mla_dequant(*r4.v4_mla_rows(hkv))
+        assert torch.equal(out[: t // 4].cpu().view(torch.int16), deq[3::4].view(torch.int16))
+        want_top = r4.mxfp4_read(hplan.view("c4_indexer", 2), htop)
+        assert torch.equal(top_out.cpu().view(torch.int16), want_top.view(torch.int16))

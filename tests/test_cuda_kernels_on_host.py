@@ -163,6 +163,11 @@ def test_gathers_give_the_cpu_bytes(simt, layout, block_size):
                           out=want, validate=False)
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (kv_name, kv_dtype)
         assert got[: int(cu[-1])].view(torch.uint8).any()
+        got = poisoned(slots.numel(), heads, d, dtype=kv_dtype, pad=3)  # by explicit slots
+        want = got.clone()
+        simt.gather_kv(gc.view(kv_name, 0), None, None, None, got, kv_scale, slots)
+        kvc.ops.gather_kv_slots(gc.view(kv_name, 0), slots, scale=kv_scale, out=want, validate=False)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (kv_name, kv_dtype, "slots")
     slots[9] = 0  # the row with NaN codes
     sc = torch.tensor([0.03125])
     mla_modes = [("mla", "fp8_ds_mla", torch.bfloat16, 576, None),
@@ -291,6 +296,15 @@ def test_v4_writes_give_the_cpu_bytes(simt, layout, dtype):
     if not torch.equal(cuda_gc.whole, cpu_gc.whole):
         diff = torch.nonzero(cuda_gc.whole != cpu_gc.whole).squeeze(1)
         raise AssertionError(f"{diff.numel()} bytes differ, first at {diff[:8].tolist()}")
+    # a buffer 3 bytes off any alignment: every store takes the byte-wise fallback
+    bufs = [torch.randint(0, 256, (plan.total_bytes + 8,), dtype=torch.uint8,
+                          generator=torch.Generator().manual_seed(26)) for _ in range(2)]
+    for buf, s, ops in ((bufs[0], slots, simt), (bufs[1], oracle, torch.ops.kvcache_ext)):
+        cache = kvc.KVCache(plan, buf[3:3 + plan.total_bytes])
+        ops.v4_quant_and_cache(x[:, :512], cache.view("c4_kv", 1), s, "fp8_ds_mla_v4", "amax")
+        ops.v4_dsa_write(x[:, 1:513], cache.view("c4_kv", 3), x[:, 400:528], cache.view("c4_indexer", 1),
+                         s, "amax")
+    assert torch.equal(bufs[0], bufs[1])
 
 
 def test_v4_gathers_give_the_cpu_bytes(simt):

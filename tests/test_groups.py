@@ -436,10 +436,23 @@ def test_group_block_spans_whole_blocks():
         kvc.GroupTransferPlan(kvc.plan_cache([kvc.CacheSpec("a", 4)], 1, 4), dst)
 
 
-def test_transfer_plan_points_group_plans_to_group_transfer_plan():
-    plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("flash"), num_blocks=2, layout="BLHNC")
-    with pytest.raises(TypeError, match="GroupTransferPlan"):
-        kvc.TransferPlan(plan, plan)
+def test_transfer_plan_of_group_plans_is_their_group_transfer_plan():
+    groups = kvc.presets.deepseek_v4("flash")
+    plan = kvc.plan_cache(groups=groups, num_blocks=2, layout="BLHNC")
+    other = kvc.plan_cache(groups=groups, num_blocks=3, layout="BLNHC", packing="stack")
+    xp = kvc.TransferPlan(plan, other, specs=["main", "swa0"])
+    assert isinstance(xp, kvc.GroupTransferPlan) and list(xp.moves) == ["main", "swa0"]
+    pairs = {"main": torch.tensor([[0, 2]])}
+    assert torch.equal(xp.block_spans(pairs), kvc.GroupTransferPlan(plan, other).block_spans(pairs))
+    with pytest.raises(TypeError, match="GroupTransferPlan"):  # one group plan, one spec plan
+        kvc.TransferPlan(plan, kvc.plan_cache([kvc.CacheSpec("a", 4)], 1, 4))
+    with pytest.raises(ValueError, match="layers= and heads= apply to CachePlans"):
+        kvc.TransferPlan(plan, other, layers={"c4_kv": (0, 0, 1)})
+    # windows decide which rows are live: the two plans must agree on them
+    shorter = [g if g.name != "swa0" else kvc.CacheGroup(g.name, g.specs, g.block_size, window=64)
+               for g in groups]
+    with pytest.raises(ValueError, match="keeps the last 128 tokens in src_plan and the last 64"):
+        kvc.GroupTransferPlan(plan, kvc.plan_cache(groups=shorter, num_blocks=2, layout="BLHNC"))
 
 
 @settings(max_examples=50, deadline=None)

@@ -72,6 +72,8 @@ def cases(device: str):
         "gather_kv_fp8": (OPS.gather_kv, (kv8.view("v", 0), table[:, :1], cu_kv, None,
                                           torch.empty(20, 2, 32, dtype=torch.float32, device=device),
                                           True, torch.tensor([0.5], device=device))),
+        "gather_kv_slots": (OPS.gather_kv_slots, (kv8.view("v", 0), kv_slots, torch.empty(
+            20, 2, 32, dtype=torch.bfloat16, device=device), True, torch.tensor([0.5], device=device))),
         "concat_and_cache_mla": (OPS.concat_and_cache_mla, (x[:, :512], x[:, 512:], mla, slots, "fp8_ds_mla")),
         "concat_and_cache_mla_fp8": (OPS.concat_and_cache_mla, (x[:, :512], x[:, 512:], mla8, slots, "fp8",
                                                                 torch.tensor([0.25], device=device))),

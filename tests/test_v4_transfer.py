@@ -70,9 +70,11 @@ def test_v4_request_through_nixl_between_different_plans():
     reader_cache = poisoned(dst_plan, 4)
     n = 300                                                   # tokens of the request
     pos, req = torch.arange(n), torch.zeros(n, dtype=torch.int64)
-    # (owner, reader) block tables; overlaid groups share the owner's pool: disjoint blocks
+    # (owner, reader) block tables; overlaid groups share the owner's pool: disjoint blocks.
+    # Windowed groups hold only their window's blocks (-1 before it: never moved).
     tables = {"main": (torch.tensor([3, 0]), torch.tensor([8, 2])),           # 256 tokens / block
-              "swa0": (torch.tensor([5, 1, 2, 4, 6]), torch.tensor([0, 1, 3, 6, 7]))}  # 64
+              "swa0": (torch.tensor([5, 1, 2, 4, 6]), torch.tensor([0, 1, 3, 6, 7])),  # 64
+              "c4_states": (torch.tensor([-1] * 73 + [7, 8]), torch.tensor([-1] * 73 + [4, 5]))}
     g = torch.Generator().manual_seed(5)
     kv = (torch.randn(n, 512, generator=g) * 4).to(torch.bfloat16)
     k = torch.randn(n, 128, generator=g).to(torch.bfloat16)
@@ -80,6 +82,11 @@ def test_v4_request_through_nixl_between_different_plans():
     c4 = kvc.slot_mapping(bt("main"), pos, 256, req, compress_ratio=4)
     o4.v4_dsa_write(kv, owner_cache.view("c4_kv", 1), k, owner_cache.view("c4_indexer", 1), c4)
     o4.v4_mla_quant_and_cache(kv, owner_cache.view("swa0_kv", 1), kvc.slot_mapping(bt("swa0"), pos, 64, req))
+    # C4 compressor states: the last 8 tokens' [kv | score] rows (4 tokens per block)
+    state = torch.randn(8, 2048, generator=g)
+    live = kvc.slot_mapping(bt("c4_states"), torch.arange(292, 300), 4, torch.zeros(8, dtype=torch.int64))
+    o4.state_write(state[:, :1024], state[:, 1024:], owner_cache.view("c4_state", 1), live)
+    reader_before = reader_cache.buffer.clone()
     a = kn.Endpoint("v4-owner", owner_cache)
     b = kn.Endpoint("v4-reader", reader_cache)
     try:
@@ -102,9 +109,13 @@ def test_v4_request_through_nixl_between_different_plans():
     idx = lambda c, i: o4.gather_v4(c.view("c4_indexer", 1), tables["main"][i].to(torch.int32)[None],  # noqa: E731
                                     torch.tensor([0, 75], dtype=torch.int32), "mxfp4", raw=True)
     assert torch.equal(idx(reader_cache, 1), idx(owner_cache, 0))
-    # SWA rows outside the last 128 tokens were not moved: the reader keeps its poison there
-    early = o4.gather_v4(reader_cache.view("swa0_kv", 1), tables["swa0"][1].to(torch.int32)[None],
-                         torch.tensor([0, 64], dtype=torch.int32), raw=True)
-    owner_early = o4.gather_v4(owner_cache.view("swa0_kv", 1), tables["swa0"][0].to(torch.int32)[None],
-                               torch.tensor([0, 64], dtype=torch.int32), raw=True)
-    assert not torch.equal(early, owner_early)
+    # the C4 state window (tokens 292..299: blocks 73, 74) moved, rows as written
+    st = lambda c, i: o4.state_read(c.view("c4_state", 1), tables["c4_states"][i][73:].to(torch.int32)[None],  # noqa: E731
+                                    torch.tensor([0, 8], dtype=torch.int32), 1024)
+    assert torch.equal(torch.cat(st(reader_cache, 1), 1), state)
+    # SWA rows outside the last 128 tokens (block 0: tokens 0..63) were not moved: the reader
+    # still holds its own bytes there, every one of them
+    early = lambda c, i: o4.gather_v4(c.view("swa0_kv", 1), tables["swa0"][i][:1].to(torch.int32)[None],  # noqa: E731
+                                      torch.tensor([0, 64], dtype=torch.int32), raw=True)
+    assert torch.equal(early(reader_cache, 1), early(kvc.KVCache(dst_plan, reader_before), 1))
+    assert not torch.equal(early(reader_cache, 1), early(owner_cache, 0))

@@ -73,6 +73,7 @@ void kv_gather(const KvGatherParams& p) {
   const int64_t out_bytes = p.head_dim * dtype_size(p.dtype);
   at::parallel_for(0, p.num_tokens, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
+      if (p.view.num_heads == 1) prefetch_slot_row(p.src, p.view, t, end, 0, p.view.row_bytes);
       const int64_t slot = p.src.slot_of(t, p.view);
       if (slot == kNoRow) continue;
       for (int64_t h = 0; h < p.view.num_heads; ++h) {

@@ -81,11 +81,12 @@ void gather_mla(const Tensor& view, const std::optional<Tensor>& block_table,
   if (p.num_tokens) kvc::cuda::dispatch_mla_gather(p, Launch{});
 }
 
-void gather_kv(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
-               const std::optional<Tensor>& seq_starts, const Tensor& out,
-               const std::optional<Tensor>& scale) {
-  const auto p = kvc::kv_gather_args(view, source(block_table, cu_seq_lens, seq_starts, std::nullopt),
-                                     out, scale);
+void gather_kv(const Tensor& view, const std::optional<Tensor>& block_table,
+               const std::optional<Tensor>& cu_seq_lens, const std::optional<Tensor>& seq_starts,
+               const Tensor& out, const std::optional<Tensor>& scale,
+               const std::optional<Tensor>& slots) {
+  const auto p = kvc::kv_gather_args(view, source(block_table, cu_seq_lens, seq_starts, slots), out,
+                                     scale);
   if (p.num_tokens) kvc::cuda::dispatch_kv_gather(p, Launch{});
 }
 
@@ -165,7 +166,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gather_mla", &gather_mla);
   m.def("gather_indexer", &gather_indexer);
   m.def("reshape_and_cache_kv", &reshape_and_cache_kv);
-  m.def("gather_kv", &gather_kv);
+  m.def("gather_kv", &gather_kv, pybind11::arg("view"), pybind11::arg("block_table"),
+        pybind11::arg("cu_seq_lens"), pybind11::arg("seq_starts"), pybind11::arg("out"),
+        pybind11::arg("scale"), pybind11::arg("slots") = std::nullopt);
   m.def("copy_spans", &copy_spans);
   m.def("v4_quant_and_cache", &v4_quant_and_cache);
   m.def("v4_dsa_write", &v4_dsa_write);
