@@ -105,6 +105,11 @@ class Case:
     bytes: int
 
 
+def _window_len(rows: int) -> int:
+    """Tokens L of a request whose compressed (L // 4) + SWA (min(L, 128)) rows are <= rows."""
+    return 4 * (rows - 128) if rows >= 160 else rows // 5 * 4
+
+
 def build_cases(layout: str, tokens: int, device: torch.device,
                 gen: torch.Generator) -> tuple[int, list[Case]]:
     """The cases at one size, and how many input sets their calls rotate through."""
@@ -133,6 +138,13 @@ def build_cases(layout: str, tokens: int, device: torch.device,
     cu = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
     out_bf = torch.empty(tokens, 576, dtype=torch.bfloat16, device=device)
     out_v4 = torch.empty(tokens, 512, dtype=torch.bfloat16, device=device)
+    # window reads: each request's compressed + SWA rows fill its share of T; the SWA part reads
+    # through its own table (token positions, 64 per block)
+    win_lens = torch.tensor([_window_len(n) for n in lens], dtype=torch.int32).to(device)
+    win_cu = o4.window_rows(win_lens, 4)
+    swa_width = max(-(-_window_len(n) // BLOCK) for n in lens)
+    swa_table = torch.stack([perm[(r * swa_width + torch.arange(swa_width)) % num_blocks]
+                             for r in range(len(lens))]).to(device)
     out_mx = torch.empty(tokens, 128, dtype=torch.bfloat16, device=device)
     codes = torch.empty(tokens, 128, dtype=torch.uint8, device=device)
     scl = torch.empty(tokens, dtype=torch.float32, device=device)
@@ -178,10 +190,21 @@ def build_cases(layout: str, tokens: int, device: torch.device,
              lambda i: r4.v4_mla_write(v4, s(i), x(i)[:, :512]), t * (1024 + 584 + 8)),
         Case("mxfp4_quant_and_cache", lambda i: o4.mxfp4_quant_and_cache(k(i), mx, s(i)),
              lambda i: r4.mxfp4_write(mx, s(i), k(i)), t * (256 + 68 + 8)),
+        Case("v4_dsa_write", lambda i: o4.v4_dsa_write(x(i)[:, :512], v4, k(i), mx, s(i)),
+             lambda i: (r4.v4_mla_write(v4, s(i), x(i)[:, :512]), r4.mxfp4_write(mx, s(i), k(i))),
+             t * (1024 + 584 + 256 + 68 + 8)),
         Case("gather_v4", lambda i: o4.gather_v4(v4, table, cu, out=out_v4, validate=False),
              lambda i: r4.v4_mla_gather(v4, table, cu), t * (584 + 1024)),
         Case("gather_v4_slots", lambda i: o4.gather_v4_slots(v4, s(i), out=out_v4, validate=False),
              lambda i: r4.v4_mla_read(v4, s(i)), t * (584 + 1024 + 8)),
+        # vLLM's dequantize_and_gather_k_cache, one view as both parts: per request of L tokens
+        # L // 4 compressed rows + its last 128 rows; requests sized so the rows add up to T
+        Case("gather_v4_window",
+             lambda i: o4.gather_compressed_and_swa(v4, table, 4, v4, swa_table, win_lens,
+                                                    out=out_v4, cu_out=win_cu, validate=False),
+             lambda i: r4.gather_compressed_and_swa(v4, table.cpu(), 4, v4, swa_table.cpu(),
+                                                    win_lens.cpu()),
+             int(win_cu[-1]) * (584 + 1024)),
         Case("gather_v4_slots_mxfp4",
              lambda i: o4.gather_v4_slots(mx, s(i), "mxfp4", out=out_mx, validate=False),
              lambda i: r4.mxfp4_read(mx, s(i)), t * (68 + 256 + 8)),

@@ -23,7 +23,7 @@ OPS = {"reshape_and_cache", "reshape_and_cache_fp8", "concat_and_cache_mla_fp8",
        "concat_and_cache_mla", "concat_and_cache_mla_auto",
        "indexer_k_quant_and_cache", "dsa_write", "gather_mla", "gather_mla_slots",
        "gather_indexer", "gather_indexer_slots", "v4_mla_quant_and_cache", "mxfp4_quant_and_cache",
-       "gather_v4", "gather_v4_slots", "gather_v4_slots_mxfp4"}
+       "gather_v4", "gather_v4_slots", "gather_v4_slots_mxfp4", "v4_dsa_write", "gather_v4_window"}
 
 
 def run_bench(tmp_path: Path, *extra: str) -> dict:
