@@ -7,6 +7,7 @@
 // bf16 results round to nearest even with NaN -> 0x7FC0.
 #pragma once
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 #include "paged_view.h"  // KVC_HD
@@ -129,6 +130,45 @@ KVC_HD float ue8m0_round_up(float s) {
   if ((u & 0x7F800000u) == 0x7F800000u) return s;  // inf / NaN stay
   if ((u & 0x7FFFFFu) == 0) return s;              // already a power of two
   return bits_float((u & 0xFF800000u) + 0x800000u);
+}
+
+// x / s for the e4m3 encoder when s is a tile scale (fmax(amax / 448, FLT_MIN), or the
+// indexer's fmax(amax, 1e-4) / 448) of bf16 / fp16 inputs and x a value of the tile: three
+// multiply-adds with the correctly rounded reciprocal y = 1 / s instead of a division,
+//   q0 = x * y,  r = fma(-q0, s, x),  q = fma(r, y, q0),  sign of q := sign of x (x = -0
+//   would give +0: the division's zero keeps the sign of x),
+// whose e4m3 code equals that of the IEEE quotient for every such (x, s) with
+// 2^-100 <= s < inf -- checked on every pair by tests/tile_div_exhaustive.cpp (bf16 and fp16
+// inputs, both scale rules). Outside that range (all-zero or tiny tiles, tiles holding inf)
+// tile_div divides. Nothing else may call it: other operands are not covered by the check.
+struct TileDivisor {
+  float s;  // the scale
+  float y;  // RN(1 / s); 0 when tile_div must divide
+};
+
+KVC_HD TileDivisor tile_divisor(float s) {
+  const bool fast = s >= 0x1p-100f && s < bits_float(0x7F800000u);
+#if defined(__CUDA_ARCH__)
+  return {s, fast ? __frcp_rn(s) : 0.0f};
+#else
+  return {s, fast ? 1.0f / s : 0.0f};
+#endif
+}
+
+// The multiply-add quotient alone (d.y != 0); kernels test d.y once per tile, not per value.
+KVC_HD float tile_div_fma(float x, const TileDivisor& d) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(x, d.y);
+  const float q = __fmaf_rn(__fmaf_rn(-q0, d.s, x), d.y, q0);
+#else
+  const float q0 = x * d.y;
+  const float q = std::fma(std::fma(-q0, d.s, x), d.y, q0);
+#endif
+  return bits_float((float_bits(q) & 0x7FFFFFFFu) | (float_bits(x) & 0x80000000u));
+}
+
+KVC_HD float tile_div(float x, const TileDivisor& d) {
+  return d.y == 0.0f ? x / d.s : tile_div_fma(x, d);
 }
 
 // Input element kinds of the write ops.

@@ -1,6 +1,8 @@
 """The flat cache buffer and the per-layer views handed to kernels."""
 from __future__ import annotations
 
+import ctypes
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +23,28 @@ class KVCache:
         return [self.view(name, i) for i in range(self.plan.spec(name).num_layers)]
 
 
+_HUGE_PAGE = 2 << 20
+_HUGE_PAGE_MIN = 4 * _HUGE_PAGE  # smaller caches take a plain allocation
+_MADV_HUGEPAGE = 14  # linux/mman.h
+
+
+def _huge_page_buffer(nbytes: int) -> torch.Tensor:
+    """A host buffer on 2 MiB boundaries, marked for transparent huge pages before first touch
+    (Linux madvise(MADV_HUGEPAGE); best effort, ignored elsewhere). Writes and reads land on
+    random rows across the whole cache: with 4 KiB pages nearly every row is a TLB miss."""
+    raw = torch.empty(nbytes + _HUGE_PAGE, dtype=torch.uint8)
+    start = (-raw.data_ptr()) % _HUGE_PAGE
+    buffer = raw[start:start + nbytes]
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.madvise(ctypes.c_void_p(buffer.data_ptr()),
+                         ctypes.c_size_t(nbytes // _HUGE_PAGE * _HUGE_PAGE), _MADV_HUGEPAGE)
+        except (OSError, AttributeError):
+            pass
+    return buffer
+
+
 def allocate(plan: CachePlan, device: str | torch.device = "cpu", pin_memory: bool = False,
              fill: int | None = None) -> KVCache:
     """Allocate the one flat buffer of `plan`: uninitialised memory unless `fill` (a byte
@@ -35,8 +59,11 @@ def allocate(plan: CachePlan, device: str | torch.device = "cpu", pin_memory: bo
                              or not 0 <= fill <= 255):
         raise ValueError(f"fill must be a byte value in [0, 255], got {fill!r}")
     try:
-        buffer = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device,
-                             pin_memory=pin_memory)
+        if device.type == "cpu" and not pin_memory and plan.total_bytes >= _HUGE_PAGE_MIN:
+            buffer = _huge_page_buffer(plan.total_bytes)
+        else:
+            buffer = torch.empty(plan.total_bytes, dtype=torch.uint8, device=device,
+                                 pin_memory=pin_memory)
     except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         text = str(e).lower()

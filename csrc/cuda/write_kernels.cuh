@@ -50,6 +50,30 @@ __device__ __forceinline__ void encode_words(const float (&x)[N], float scale, u
                           x[4 * i + 3] / scale);
 }
 
+// The same codes when scale is a tile scale (numerics.h tile_div: no division).
+template <int N>
+__device__ __forceinline__ void encode_tile_words(const float (&x)[N], const TileDivisor& d,
+                                                  uint32_t (&codes)[N / 4]) {
+  if (d.y == 0.0f) return encode_words<N>(x, d.s, codes);  // all-zero, tiny or inf tiles
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i)
+    codes[i] = pack4_e4m3(tile_div_fma(x[4 * i], d), tile_div_fma(x[4 * i + 1], d),
+                          tile_div_fma(x[4 * i + 2], d), tile_div_fma(x[4 * i + 3], d));
+}
+
+// x[i] / scale in place, scale a tile scale (one test of the divisor, not one per value).
+template <int N>
+__device__ __forceinline__ void tile_divide(float (&x)[N], float scale) {
+  const TileDivisor d = tile_divisor(scale);
+  if (d.y == 0.0f) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] /= scale;
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = tile_div_fma(x[i], d);
+  }
+}
+
 template <bool kHalf>
 __device__ __forceinline__ void store_mla_fp8(const MlaWriteParams& p, int64_t slot,
                                               MlaInputs& in, int lane) {
@@ -62,7 +86,7 @@ __device__ __forceinline__ void store_mla_fp8(const MlaWriteParams& p, int64_t s
   if (!p.view.valid_slot(slot)) return;
   uint8_t* row = p.view.row(slot);
   uint32_t codes[4];
-  encode_words<16>(x, scale, codes);
+  encode_tile_words<16>(x, tile_divisor(scale), codes);
   store_words(row + 16 * lane, codes);
   if (lane % 8 == 0) {
     const uint32_t s[1] = {float_bits(scale)};
@@ -141,8 +165,7 @@ __device__ __forceinline__ void store_indexer(const IndexerWriteParams& p, int64
 #pragma unroll
     for (int i = 0; i < 4; ++i) x[i] *= recip;
   } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) x[i] /= scale;
+    tile_divide<4>(x, scale);
   }
   const uint32_t codes[1] = {pack4_e4m3(x[0], x[1], x[2], x[3])};
   store_words(p.view.base + a.codes + 4 * lane, codes);
@@ -196,8 +219,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) indexer_kernel(Indexer
 #pragma unroll
     for (int i = 0; i < 16; ++i) x[i] *= recip;
   } else {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) x[i] /= scale;
+    tile_divide<16>(x, scale);
   }
   uint32_t codes[4];
 #pragma unroll
