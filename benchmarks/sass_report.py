@@ -42,11 +42,12 @@ from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ["write.cu", "gather.cu", "copy.cu"]
+SOURCES = ["write.cu", "gather.cu", "copy.cu", "v4.cu"]
 NVCC_FLAGS = ["-cubin", "-arch=sm_90", "-O3", "--fmad=false", "-std=c++17", "-lineinfo"]
 
 # Tokens one warp handles, by kernel name (first match). Default: one token (or row) per warp.
-TOKENS_PER_WARP: list[tuple[str, int]] = [(r"\bindexer_kernel", 4), (r"\bindexer_gather_kernel", 4)]
+TOKENS_PER_WARP: list[tuple[str, int]] = [(r"\bindexer_kernel", 4), (r"\bindexer_gather_kernel", 4),
+                                        (r"\bmxfp4_(write|gather)_kernel", 4)]
 
 INSN = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 WIDTH = re.compile(r"\b(LDG|STG)(\.E)?((?:\.[A-Z0-9]+)*)")

@@ -79,6 +79,9 @@ def test_writes_give_the_cpu_bytes(simt, layout, block_size, dtype):
     t = 67
     slots, oracle = slots_for(plan, t, seed=block_size)
     kv_c, k_pe, k = inputs(t, seed=1, dtype=dtype)
+    x_odd = torch.cat([kv_c, k_pe], 1).flip(0).contiguous()
+    x_odd = torch.cat([x_odd[:, :1], x_odd], 1)[:, 1:]  # a row stride of 577 elements
+    k_odd = torch.cat([k[:, :1], k.flip(0)], 1)[:, 1:]
     g = torch.Generator().manual_seed(2)
     key = torch.randn(t, 2, 64, generator=g).to(dtype)
     key_odd = torch.randn(t, 3, 8, generator=g).to(dtype)[:, :, :5]  # strided heads
@@ -92,6 +95,9 @@ def test_writes_give_the_cpu_bytes(simt, layout, block_size, dtype):
         ops.dsa_write(kv_c, k_pe, gc.view("mla_auto", 0), k, gc.view("indexer", 1), s, "auto",
                       None, "row")
         ops.concat_and_cache_mla(kv_c, k_pe, gc.view("mla", 1), s, "fp8_ds_mla", None)
+        # inputs 2 bytes off 16-B alignment: the kernels' generic (run-time tested) variants
+        ops.dsa_write(x_odd[:, :512], x_odd[:, 512:576], gc.view("mla", 1), k_odd,
+                      gc.view("indexer", 0), s, "fp8_ds_mla", "ue8m0", "split")
         ops.concat_and_cache_mla(kv_c, k_pe, gc.view("mla8", 0), s, "fp8", mla_scale)
         ops.indexer_k_quant_and_cache(k[:40], gc.view("indexer", 1), s[:40], None, "split")
         ops.indexer_k_quant_and_cache(k, gc.view("indexer2", 0), s, "ue8m0", "row")  # T = 67

@@ -69,18 +69,24 @@ __device__ __forceinline__ void warp_zero(uint8_t* dst, int64_t n, int lane) {
 }
 
 // Stores n (multiple of 4) bytes held in 32-bit words, as wide as dst's alignment allows.
-template <int N>
+// kAligned: the caller guarantees dst is aligned to the widest access (16 B for N % 4 == 0,
+// 8 B for N == 2, 4 B for N == 1): no run-time test (a host-chosen kernel variant).
+template <int N, bool kAligned = false>
 __device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&w)[N]) {
   static_assert(N % 4 == 0 || N < 4, "");
+  if constexpr (kAligned && N == 2) {
+    vec<uint2>(dst)[0] = {w[0], w[1]};
+    return;
+  }
   if constexpr (N % 4 == 0) {
-    if (aligned(dst, 16)) {
+    if (kAligned || aligned(dst, 16)) {
 #pragma unroll
       for (int i = 0; i < N; i += 4)
         vec<uint4>(dst)[i / 4] = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
       return;
     }
   }
-  if (aligned(dst, 4)) {
+  if (kAligned || aligned(dst, 4)) {
 #pragma unroll
     for (int i = 0; i < N; ++i) vec<uint32_t>(dst)[i] = w[i];
     return;
@@ -89,11 +95,12 @@ __device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&w)[N]
   for (int i = 0; i < 4 * N; ++i) dst[i] = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
 }
 
-// Loads n (multiple of 4) bytes into 32-bit words, as wide as src's alignment allows.
-template <int N>
+// Loads n (multiple of 4) bytes into 32-bit words, as wide as src's alignment allows
+// (kAligned: as store_words).
+template <int N, bool kAligned = false>
 __device__ __forceinline__ void load_words(const uint8_t* src, uint32_t (&w)[N]) {
   if constexpr (N % 4 == 0) {
-    if (aligned(src, 16)) {
+    if (kAligned || aligned(src, 16)) {
 #pragma unroll
       for (int i = 0; i < N; i += 4) {
         const uint4 v = vec<const uint4>(src)[i / 4];
@@ -103,7 +110,7 @@ __device__ __forceinline__ void load_words(const uint8_t* src, uint32_t (&w)[N])
     }
   }
   if constexpr (N % 2 == 0) {
-    if (aligned(src, 8)) {
+    if (kAligned || aligned(src, 8)) {
 #pragma unroll
       for (int i = 0; i < N; i += 2) {
         const uint2 v = vec<const uint2>(src)[i / 2];
@@ -112,7 +119,7 @@ __device__ __forceinline__ void load_words(const uint8_t* src, uint32_t (&w)[N])
       return;
     }
   }
-  if (aligned(src, 4)) {
+  if (kAligned || aligned(src, 4)) {
 #pragma unroll
     for (int i = 0; i < N; ++i) w[i] = vec<const uint32_t>(src)[i];
     return;

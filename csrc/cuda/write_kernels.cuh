@@ -27,10 +27,11 @@ struct MlaInputs {
   uint32_t rope[4];    // lanes 0..7: 8 rope values
 };
 
+template <bool kAligned>
 __device__ __forceinline__ MlaInputs load_mla_fp8(const MlaWriteParams& p, int64_t t, int lane) {
   MlaInputs in;
-  load_words(elem(p.kv_c, t * p.kv_c_stride + 16 * lane, 2), in.latent);
-  if (lane < 8) load_words(elem(p.k_pe, t * p.k_pe_stride + 8 * lane, 2), in.rope);
+  load_words<8, kAligned>(elem(p.kv_c, t * p.kv_c_stride + 16 * lane, 2), in.latent);
+  if (lane < 8) load_words<4, kAligned>(elem(p.k_pe, t * p.k_pe_stride + 8 * lane, 2), in.rope);
   return in;
 }
 
@@ -74,7 +75,7 @@ __device__ __forceinline__ void tile_divide(float (&x)[N], float scale) {
   }
 }
 
-template <bool kHalf>
+template <bool kHalf, bool kAligned>
 __device__ __forceinline__ void store_mla_fp8(const MlaWriteParams& p, int64_t slot,
                                               MlaInputs& in, int lane) {
   float x[16];
@@ -87,10 +88,10 @@ __device__ __forceinline__ void store_mla_fp8(const MlaWriteParams& p, int64_t s
   uint8_t* row = p.view.row(slot);
   uint32_t codes[4];
   encode_tile_words<16>(x, tile_divisor(scale), codes);
-  store_words(row + 16 * lane, codes);
+  store_words<4, kAligned>(row + 16 * lane, codes);
   if (lane % 8 == 0) {
     const uint32_t s[1] = {float_bits(scale)};
-    store_words(row + kMlaScalesOffset + 4 * (lane / 8), s);
+    store_words<1, kAligned>(row + kMlaScalesOffset + 4 * (lane / 8), s);
   }
   if (lane < 8) {  // rope values stored as bf16
     if constexpr (kHalf) {
@@ -98,16 +99,16 @@ __device__ __forceinline__ void store_mla_fp8(const MlaWriteParams& p, int64_t s
       for (int i = 0; i < 4; ++i) {
         float lo, hi;
         unpack2<true>(in.rope[i], lo, hi);
-        in.rope[i] = float_to_bf16(lo) | (static_cast<uint32_t>(float_to_bf16(hi)) << 16);
+        in.rope[i] = pack_bf16(lo, hi);  // the paired hardware conversion, NaN made 0x7FC0
       }
     }
-    store_words(row + kMlaRopeOffset + 16 * lane, in.rope);
+    store_words<4, kAligned>(row + kMlaRopeOffset + 16 * lane, in.rope);
   }
 }
 
 // Per-tensor fp8 rows (576 B): lane l encodes kv_c values [16 l, 16 l + 16) to bytes 16 l..,
 // lanes 0..7 the rope values [8 l, 8 l + 8) to bytes 512 + 8 l.. .
-template <bool kHalf>
+template <bool kHalf, bool kAligned>
 __device__ __forceinline__ void store_mla_fp8_tensor(const MlaWriteParams& p, int64_t slot,
                                                      const MlaInputs& in, int lane) {
   if (!p.view.valid_slot(slot)) return;
@@ -117,13 +118,13 @@ __device__ __forceinline__ void store_mla_fp8_tensor(const MlaWriteParams& p, in
   uint8_t* row = p.view.row(slot);
   uint32_t codes[4];
   encode_words<16>(x, scale, codes);
-  store_words(row + 16 * lane, codes);
+  store_words<4, kAligned>(row + 16 * lane, codes);
   if (lane < 8) {
     float r[8];
     unpack_words<kHalf, 8>(in.rope, r);
     uint32_t rope[2];
     encode_words<8>(r, scale, rope);
-    store_words(row + kMlaLatentDim + 8 * lane, rope);
+    store_words<2, kAligned>(row + kMlaLatentDim + 8 * lane, rope);
   }
 }
 
@@ -142,14 +143,15 @@ struct IndexerInputs {
   uint32_t k[2];  // 4 x 16-bit values
 };
 
+template <bool kAligned>
 __device__ __forceinline__ IndexerInputs load_indexer(const IndexerWriteParams& p, int64_t t,
                                                       int lane) {
   IndexerInputs in;
-  load_words(elem(p.k, t * p.k_stride + 4 * lane, 2), in.k);
+  load_words<2, kAligned>(elem(p.k, t * p.k_stride + 4 * lane, 2), in.k);
   return in;
 }
 
-template <bool kHalf>
+template <bool kHalf, bool kAligned>
 __device__ __forceinline__ void store_indexer(const IndexerWriteParams& p, int64_t slot,
                                               const IndexerInputs& in, int lane) {
   float x[4];
@@ -168,24 +170,24 @@ __device__ __forceinline__ void store_indexer(const IndexerWriteParams& p, int64
     tile_divide<4>(x, scale);
   }
   const uint32_t codes[1] = {pack4_e4m3(x[0], x[1], x[2], x[3])};
-  store_words(p.view.base + a.codes + 4 * lane, codes);
+  store_words<1, kAligned>(p.view.base + a.codes + 4 * lane, codes);
   if (lane == 0) {
     const uint32_t s[1] = {float_bits(scale)};
-    store_words(p.view.base + a.scale, s);
+    store_words<1, kAligned>(p.view.base + a.scale, s);
   }
 }
 
-template <bool kHalf, MlaFormat kFormat>
+template <bool kHalf, MlaFormat kFormat, bool kAligned>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mla_fp8_kernel(MlaWriteParams p) {
   const int64_t t = warp_row();
   if (t >= p.num_tokens) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t slot = p.slots[t];
-  MlaInputs in = load_mla_fp8(p, t, lane);
+  MlaInputs in = load_mla_fp8<kAligned>(p, t, lane);
   if constexpr (kFormat == MlaFormat::kFp8DsMla)
-    store_mla_fp8<kHalf>(p, slot, in, lane);
+    store_mla_fp8<kHalf, kAligned>(p, slot, in, lane);
   else
-    store_mla_fp8_tensor<kHalf>(p, slot, in, lane);
+    store_mla_fp8_tensor<kHalf, kAligned>(p, slot, in, lane);
 }
 
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mla_auto_kernel(MlaWriteParams p) {
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mla_auto_kernel(MlaWri
   if (t < p.num_tokens) mla_auto_row(p, p.slots[t], t, threadIdx.x % kWarp);
 }
 
-template <bool kHalf>
+template <bool kHalf, bool kAligned>
 // The indexer write alone: 132-byte rows are too short for a warp, so each warp writes
 // kIndexerTokensPerWarp tokens, 8 lanes a token, 16 values a lane.
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) indexer_kernel(IndexerWriteParams p) {
@@ -204,7 +206,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) indexer_kernel(Indexer
   const int64_t row = live ? t : 0;  // a dead lane group reads row 0 (it exists) and writes nothing
   const int64_t slot = live ? p.slots[t] : -1;
   uint32_t w[8];
-  load_words(elem(p.k, row * p.k_stride + 16 * sub, 2), w);
+  load_words<8, kAligned>(elem(p.k, row * p.k_stride + 16 * sub, 2), w);
   float x[16];
 #pragma unroll
   for (int i = 0; i < 8; ++i) unpack2<kHalf>(w[i], x[2 * i], x[2 * i + 1]);
@@ -224,30 +226,30 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) indexer_kernel(Indexer
   uint32_t codes[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) codes[i] = pack4_e4m3(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
-  store_words(p.view.base + a.codes + 16 * sub, codes);
+  store_words<4, kAligned>(p.view.base + a.codes + 16 * sub, codes);
   if (sub == 0) {
     const uint32_t s[1] = {float_bits(scale)};
-    store_words(p.view.base + a.scale, s);
+    store_words<1, kAligned>(p.view.base + a.scale, s);
   }
 }
 
 // The DSA pair in one launch: each warp loads its token's MLA and indexer inputs together,
 // then writes the MLA row and the indexer row.
-template <bool kHalf, bool kFp8>
+template <bool kHalf, bool kFp8, bool kAligned>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) dsa_kernel(MlaWriteParams mla,
                                                                      IndexerWriteParams idx) {
   const int64_t t = warp_row();
   if (t >= mla.num_tokens) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t slot = mla.slots[t];
-  const IndexerInputs k = load_indexer(idx, t, lane);
+  const IndexerInputs k = load_indexer<kAligned>(idx, t, lane);
   if constexpr (kFp8) {
-    MlaInputs in = load_mla_fp8(mla, t, lane);
-    store_mla_fp8<kHalf>(mla, slot, in, lane);
+    MlaInputs in = load_mla_fp8<kAligned>(mla, t, lane);
+    store_mla_fp8<kHalf, kAligned>(mla, slot, in, lane);
   } else {
     mla_auto_row(mla, slot, t, lane);
   }
-  store_indexer<kHalf>(idx, slot, k, lane);
+  store_indexer<kHalf, kAligned>(idx, slot, k, lane);
 }
 
 // ---- Plain rows: one warp per (token, head) row. ----
@@ -297,21 +299,51 @@ void dispatch_kv_write(const PlainWriteParams& k, const PlainWriteParams& v, con
   launch(kv_kernel, grid_for(k.num_tokens * k.num_heads), k, v);
 }
 
+// Host-side: may the aligned variants (kAligned: no run-time alignment tests) run? Every
+// address they touch must then be aligned to its access width; these predicates check the
+// bases and strides those addresses are built from.
+inline bool divides(int64_t align, uintptr_t v) { return v % static_cast<uintptr_t>(align) == 0; }
+inline bool view_aligned(const PagedView& v, int64_t align) {
+  return divides(align, reinterpret_cast<uintptr_t>(v.base)) && divides(align, v.block_stride) &&
+         divides(align, v.head_stride) && divides(align, v.token_stride);
+}
+inline bool input_aligned(const void* p, int64_t stride_elems, int64_t esize, int64_t align) {
+  return divides(align, reinterpret_cast<uintptr_t>(p)) && divides(align, stride_elems * esize);
+}
+// MLA rows: 16-B accesses at 16-B multiples of the row (codes, rope), 4-B tile scales, 8-B
+// per-tensor rope codes; kv_c at 32-B and k_pe at 16-B multiples of a token's row.
+inline bool mla_fp8_aligned(const MlaWriteParams& p) {
+  const int64_t es = dtype_size(p.dtype);
+  return view_aligned(p.view, 16) && input_aligned(p.kv_c, p.kv_c_stride, es, 16) &&
+         input_aligned(p.k_pe, p.k_pe_stride, es, 16);
+}
+// Indexer rows in dsa_write: 4-B code and scale stores, 8-B loads of k.
+inline bool dsa_indexer_aligned(const IndexerWriteParams& p) {
+  return view_aligned(p.view, 4) && input_aligned(p.k, p.k_stride, 2, 8);
+}
+// The indexer write alone stores 16 codes a lane: split pages (codes at 128-B multiples of a
+// 16-B aligned page); row placement's 132-B rows never are.
+inline bool indexer_aligned(const IndexerWriteParams& p) {
+  return p.placement == IndexerPlacement::kSplit && divides(16, reinterpret_cast<uintptr_t>(p.view.base)) &&
+         divides(16, p.view.block_stride) && input_aligned(p.k, p.k_stride, 2, 16);
+}
+
 template <class Launch>
 void dispatch_mla_write(const MlaWriteParams& p, const Launch& launch) {
   const unsigned grid = grid_for(p.num_tokens);
-  const bool half = p.dtype == DType::kFloat16;
+  const bool half = p.dtype == DType::kFloat16, al = p.format != MlaFormat::kAuto && mla_fp8_aligned(p);
+  constexpr MlaFormat kDs = MlaFormat::kFp8DsMla, kT = MlaFormat::kFp8Tensor;
   switch (p.format) {
     case MlaFormat::kAuto:
       launch(mla_auto_kernel, grid, p);
       break;
     case MlaFormat::kFp8DsMla:
-      half ? launch(mla_fp8_kernel<true, MlaFormat::kFp8DsMla>, grid, p)
-           : launch(mla_fp8_kernel<false, MlaFormat::kFp8DsMla>, grid, p);
+      half ? (al ? launch(mla_fp8_kernel<true, kDs, true>, grid, p) : launch(mla_fp8_kernel<true, kDs, false>, grid, p))
+           : (al ? launch(mla_fp8_kernel<false, kDs, true>, grid, p) : launch(mla_fp8_kernel<false, kDs, false>, grid, p));
       break;
     case MlaFormat::kFp8Tensor:
-      half ? launch(mla_fp8_kernel<true, MlaFormat::kFp8Tensor>, grid, p)
-           : launch(mla_fp8_kernel<false, MlaFormat::kFp8Tensor>, grid, p);
+      half ? (al ? launch(mla_fp8_kernel<true, kT, true>, grid, p) : launch(mla_fp8_kernel<true, kT, false>, grid, p))
+           : (al ? launch(mla_fp8_kernel<false, kT, true>, grid, p) : launch(mla_fp8_kernel<false, kT, false>, grid, p));
       break;
   }
 }
@@ -319,10 +351,9 @@ void dispatch_mla_write(const MlaWriteParams& p, const Launch& launch) {
 template <class Launch>
 void dispatch_indexer_write(const IndexerWriteParams& p, const Launch& launch) {
   const unsigned grid = grid_for((p.num_tokens + kIndexerTokensPerWarp - 1) / kIndexerTokensPerWarp);
-  if (p.dtype == DType::kFloat16)
-    launch(indexer_kernel<true>, grid, p);
-  else
-    launch(indexer_kernel<false>, grid, p);
+  const bool half = p.dtype == DType::kFloat16, al = indexer_aligned(p);
+  half ? (al ? launch(indexer_kernel<true, true>, grid, p) : launch(indexer_kernel<true, false>, grid, p))
+       : (al ? launch(indexer_kernel<false, true>, grid, p) : launch(indexer_kernel<false, false>, grid, p));
 }
 
 template <class Launch>
@@ -332,12 +363,14 @@ void dispatch_dsa_write(const MlaWriteParams& mla, const IndexerWriteParams& idx
   // The op layer guarantees kv_c and k_idx share their dtype when the MLA rows are fp8, and
   // that dsa_write's MLA rows are fp8_ds_mla or auto.
   const bool half = idx.dtype == DType::kFloat16;
-  if (mla.format == MlaFormat::kFp8DsMla)
-    half ? launch(dsa_kernel<true, true>, grid, mla, idx)
-         : launch(dsa_kernel<false, true>, grid, mla, idx);
-  else
-    half ? launch(dsa_kernel<true, false>, grid, mla, idx)
-         : launch(dsa_kernel<false, false>, grid, mla, idx);
+  if (mla.format == MlaFormat::kFp8DsMla) {
+    const bool al = mla_fp8_aligned(mla) && dsa_indexer_aligned(idx);
+    half ? (al ? launch(dsa_kernel<true, true, true>, grid, mla, idx) : launch(dsa_kernel<true, true, false>, grid, mla, idx))
+         : (al ? launch(dsa_kernel<false, true, true>, grid, mla, idx) : launch(dsa_kernel<false, true, false>, grid, mla, idx));
+  } else {
+    half ? launch(dsa_kernel<true, false, false>, grid, mla, idx)
+         : launch(dsa_kernel<false, false, false>, grid, mla, idx);
+  }
 }
 
 }  // namespace
