@@ -8,6 +8,7 @@
 
 #include "../v4_kernels.h"
 #include "rows.h"
+#include "stream.h"
 
 namespace kvc::cpu {
 namespace {
@@ -111,35 +112,42 @@ void decode_row_v4(V4Format f, MlaGatherMode mode, const uint8_t* data, const ui
 }  // namespace
 
 namespace {
-void write_token(const V4WriteParams& p, int64_t t, int64_t slot, uint16_t* buf) {
+// The row's data part is built in `staged` (16-B aligned) and streamed (stream.h); the footer
+// bytes, which share lines with other rows' footers, are stored in place.
+void write_token(const V4WriteParams& p, int64_t t, int64_t slot, uint16_t* buf, uint8_t* staged) {
   const int64_t dim = v4_dim(p.format);
   const uint16_t* x = as_bf16(static_cast<const uint8_t*>(p.x) + t * p.x_stride * dtype_size(p.dtype),
                               p.dtype, dim, buf);
   const SplitAddress a = v4_address(p.view, slot, p.format);
   if (p.format == V4Format::kMla)
-    mla_row(x, p.scale_floor, p.view.base + a.first, p.view.base + a.last);
+    mla_row(x, p.scale_floor, staged, p.view.base + a.last);
   else
-    mxfp4_row(x, p.view.base + a.first, p.view.base + a.last);
+    mxfp4_row(x, staged, p.view.base + a.last);
+  stream_row(p.view.base + a.first, staged, v4_data_bytes(p.format));
 }
 }  // namespace
 
 void v4_write(const V4WriteParams& p) {
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     uint16_t buf[kV4Dim];
+    alignas(64) uint8_t staged[kV4DataBytes];
     for (int64_t t = begin; t < end; ++t)
-      if (p.view.valid_slot(p.slots[t])) write_token(p, t, p.slots[t], buf);
+      if (p.view.valid_slot(p.slots[t])) write_token(p, t, p.slots[t], buf, staged);
+    store_fence();
   });
 }
 
 void v4_pair_write(const V4WriteParams& mla, const V4WriteParams& idx) {
   at::parallel_for(0, mla.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     uint16_t buf[kV4Dim];
+    alignas(64) uint8_t staged[kV4DataBytes];
     for (int64_t t = begin; t < end; ++t) {
       const int64_t slot = mla.slots[t];
       if (!mla.view.valid_slot(slot)) continue;
-      write_token(mla, t, slot, buf);
-      write_token(idx, t, slot, buf);
+      write_token(mla, t, slot, buf, staged);
+      write_token(idx, t, slot, buf, staged);
     }
+    store_fence();
   });
 }
 

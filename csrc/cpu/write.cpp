@@ -7,6 +7,7 @@
 
 #include "../kernels.h"
 #include "rows.h"
+#include "stream.h"
 
 namespace kvc::cpu {
 namespace {
@@ -17,17 +18,10 @@ const uint8_t* elem(const void* base, int64_t index, DType t) {
   return static_cast<const uint8_t*>(base) + index * dtype_size(t);
 }
 
-// Rows land at random slots, so each store misses the cache and first reads its line. Asking
-// for the lines of the row kAhead tokens on, for writing, overlaps those misses with the
-// current token's arithmetic.
+// Rows land at random slots: the indexer's 132-B rows (stored in place) ask for the lines of the
+// row kAhead tokens on, for writing, so those misses overlap the current token's arithmetic.
+// Whole rows of 16-B multiples are built in L1 and streamed instead (stream.h).
 constexpr int64_t kAhead = 4;
-inline void prefetch_row_for_write(const PagedView& v, const int64_t* slots, int64_t t, int64_t end,
-                                   int64_t bytes, int64_t head = 0) {
-  if (t + kAhead >= end || !v.valid_slot(slots[t + kAhead])) return;
-  const uint8_t* row = v.row(slots[t + kAhead], head);
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 1, 3);
-  __builtin_prefetch(row + bytes - 1, 1, 3);
-}
 
 // Unquantized rows: straight byte copies of `bytes` per (token, head).
 void copy_rows(int64_t num_tokens, const int64_t* slots, const PagedView& v, int64_t heads,
@@ -54,13 +48,19 @@ void plain_write(const PlainWriteParams& p) {
     return;
   }
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<uint8_t> staged(p.head_dim + 16);
+    uint8_t* buf = staged.data() + (-reinterpret_cast<uintptr_t>(staged.data()) & 15);
     for (int64_t t = begin; t < end; ++t) {
       if (!p.view.valid_slot(p.slots[t])) continue;
       for (int64_t h = 0; h < p.num_heads; ++h) {
+        uint8_t* dst = p.view.row(p.slots[t], h);
+        const bool stream = streams(dst, p.head_dim);
         quantize_row(elem(p.key, t * p.key_token_stride + h * p.key_head_stride, p.dtype), p.dtype,
-                     p.head_dim, p.scale.get(h), p.view.row(p.slots[t], h));
+                     p.head_dim, p.scale.get(h), stream ? buf : dst);
+        if (stream) stream_row(dst, buf, p.head_dim);
       }
     }
+    store_fence();
   });
 }
 
@@ -68,13 +68,15 @@ void plain_write(const PlainWriteParams& p) {
 static void mla_fp8_tensor_write(const MlaWriteParams& p) {
   const float scale = p.scale.get();
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+    alignas(64) uint8_t row[kMlaDim];
     for (int64_t t = begin; t < end; ++t) {
       if (!p.view.valid_slot(p.slots[t])) continue;
-      uint8_t* row = p.view.row(p.slots[t]);
       quantize_row(elem(p.kv_c, t * p.kv_c_stride, p.dtype), p.dtype, kMlaLatentDim, scale, row);
       quantize_row(elem(p.k_pe, t * p.k_pe_stride, p.dtype), p.dtype, kMlaRopeDim, scale,
                    row + kMlaLatentDim);
+      stream_row(p.view.row(p.slots[t]), row, kMlaDim);
     }
+    store_fence();
   });
 }
 
@@ -96,11 +98,12 @@ void mla_write(const MlaWriteParams& p) {
   }
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     uint16_t rope[kMlaRopeDim];
+    alignas(64) uint8_t staged[kMlaFp8RowBytes];
     for (int64_t t = begin; t < end; ++t) {
-      prefetch_row_for_write(p.view, p.slots, t, end, kMlaFp8RowBytes);
       const int64_t slot = p.slots[t];
       if (!p.view.valid_slot(slot)) continue;
-      uint8_t* row = p.view.row(slot);
+      uint8_t* const dst = p.view.row(slot);
+      uint8_t* row = staged;
       const uint8_t* kv_c = elem(p.kv_c, t * p.kv_c_stride, p.dtype);
       for (int64_t k = 0; k < kMlaLatentDim / kMlaTile; ++k) {
         const uint8_t* tile = kv_c + k * kMlaTile * es;
@@ -116,17 +119,22 @@ void mla_write(const MlaWriteParams& p) {
         for (int64_t i = 0; i < kMlaRopeDim; ++i) rope[i] = float_to_bf16(load_as_float(k_pe, i, p.dtype));
         std::memcpy(row + kMlaRopeOffset, rope, sizeof(rope));
       }
+      stream_row(dst, staged, kMlaFp8RowBytes);
     }
+    store_fence();
   });
 }
 
 void indexer_write(const IndexerWriteParams& p) {
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+    alignas(64) uint8_t codes[kIndexerDim];
     for (int64_t t = begin; t < end; ++t) {
       if (t + kAhead < end && p.view.valid_slot(p.slots[t + kAhead])) {
         const IndexerAddress n = indexer_address(p.view, p.slots[t + kAhead], p.placement);
-        __builtin_prefetch(p.view.base + n.codes, 1, 3);
-        __builtin_prefetch(p.view.base + n.codes + 127, 1, 3);
+        if (!streams(p.view.base + n.codes, kIndexerDim)) {  // codes stored in place: fetch them
+          __builtin_prefetch(p.view.base + n.codes, 1, 3);
+          __builtin_prefetch(p.view.base + n.codes + 127, 1, 3);
+        }
         __builtin_prefetch(p.view.base + n.scale, 1, 3);
       }
       const int64_t slot = p.slots[t];
@@ -134,9 +142,14 @@ void indexer_write(const IndexerWriteParams& p) {
       const uint8_t* k = elem(p.k, t * p.k_stride, p.dtype);
       const float scale = indexer_scale(row_amax(k, p.dtype, kIndexerDim), p.ue8m0);
       const IndexerAddress a = indexer_address(p.view, slot, p.placement);
-      quantize_row(k, p.dtype, kIndexerDim, scale, p.view.base + a.codes);
+      uint8_t* dst = p.view.base + a.codes;
+      // split pages: 128 codes at 128-B steps, streamed; 132-B rows: in place
+      const bool stream = streams(dst, kIndexerDim);
+      quantize_row(k, p.dtype, kIndexerDim, scale, stream ? codes : dst);
+      if (stream) stream_row(dst, codes, kIndexerDim);
       std::memcpy(p.view.base + a.scale, &scale, 4);
     }
+    store_fence();
   });
 }
 

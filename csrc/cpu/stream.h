@@ -1,0 +1,40 @@
+// Non-temporal row stores for the CPU writes. A write op fills whole rows at random slots of a
+// cache far larger than the caches: a regular store to such a line first reads it from memory
+// (write-allocate), which a streaming store skips. Rows are built in L1 first, then streamed;
+// every parallel chunk fences before it returns, so the bytes are visible when the op returns.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace kvc::cpu {
+
+// bytes from src (16-B aligned) to dst: streaming stores when dst is 16-B aligned and bytes a
+// multiple of 16, else a plain copy.
+inline void stream_row(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+#if defined(__SSE2__)
+  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0 && bytes % 16 == 0) {
+    for (int64_t i = 0; i < bytes; i += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm_load_si128(reinterpret_cast<const __m128i*>(src + i)));
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
+
+inline bool streams(const uint8_t* dst, int64_t bytes) {
+  return (reinterpret_cast<uintptr_t>(dst) & 15) == 0 && bytes % 16 == 0;
+}
+
+// Orders this thread's streaming stores before whatever follows (the op's return).
+inline void store_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+}  // namespace kvc::cpu
