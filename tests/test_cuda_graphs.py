@@ -14,6 +14,19 @@ from conftest import dsa_plan
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
 
+def captured(step) -> torch.cuda.CUDAGraph:
+    """`step` run once on a side stream (warm-up), then captured in a graph."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
 def test_writes_and_gathers_replay_in_a_graph():
     plan = dsa_plan("BLHNC", 64, 16)
     cache = kvc.allocate(plan, "cuda", fill=0)
@@ -33,14 +46,7 @@ def test_writes_and_gathers_replay_in_a_graph():
         kvc.ops.gather_mla(mla, table, cu, out=out)  # validate is off while capturing
         kvc.ops.gather_indexer(idx, table, cu, out=(codes, scales))
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = captured(step)
 
     for seed in range(3):  # new inputs in the static buffers, then replay
         g = torch.Generator().manual_seed(seed)
@@ -151,14 +157,7 @@ def test_v4_writes_and_reads_replay_in_a_graph():
         o4.gather_compressed_and_swa(c4, c_bt, 4, swa, s_bt, lens, out=out, cu_out=cu_out)
         o4.gather_v4_slots(mx, top, "mxfp4", out=top_out)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = captured(step)
 
     pos = torch.arange(t)
     req = torch.zeros(t, dtype=torch.int64)
