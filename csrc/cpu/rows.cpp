@@ -1,7 +1,7 @@
 #include "rows.h"
 
+#include <cstdio>
 #include <cstdlib>
-#include <stdexcept>
 #include <string>
 
 namespace kvc::cpu {
@@ -38,9 +38,13 @@ enum class Isa { kScalar, kAvx2, kAvx512 };
 
 Isa pick_isa() {
   const char* cap = std::getenv("KVC_CPU_ISA");
-  const std::string want = cap ? cap : "avx512";
-  if (want != "scalar" && want != "avx2" && want != "avx512")
-    throw std::invalid_argument("KVC_CPU_ISA must be scalar, avx2 or avx512, got " + want);
+  std::string want = cap ? cap : "avx512";
+  if (want != "scalar" && want != "avx2" && want != "avx512") {
+    // read while the library loads: an exception here would abort the import
+    std::fprintf(stderr, "kvcache_ext: KVC_CPU_ISA must be scalar, avx2 or avx512, got \"%s\"; "
+                 "using the widest this CPU has\n", want.c_str());
+    want = "avx512";
+  }
   if (want == "avx512" && avx512::supported()) return Isa::kAvx512;
   if (want != "scalar" && avx2::supported()) return Isa::kAvx2;
   return Isa::kScalar;
