@@ -26,3 +26,29 @@ def test_avx2_rows_match_scalar_rows(tmp_path):
     for isa, need in (("avx2", {"avx2", "f16c"}), ("avx512", {"avx512f", "avx512bw", "avx512vl", "f16c"})):
         if need <= flags:
             assert f"{isa}: compared, 0 mismatches" in r.stdout, r.stdout
+
+
+def test_every_cpu_isa_gives_the_same_op_bytes():
+    """KVC_CPU_ISA picks the row loops at load time: the ops' bytes do not depend on it (the
+    exhaustive comparison above is of the loops; this is of whole ops, in fresh processes)."""
+    import os
+    import sys
+    code = ("import hashlib, torch, kvcache_ext as kvc\n"
+            "g = torch.Generator().manual_seed(0)\n"
+            "plan = kvc.plan_cache([kvc.CacheSpec('mla', 656, 1), kvc.CacheSpec('idx', 132, 1)], 64, 16)\n"
+            "c = kvc.allocate(plan, fill=7)\n"
+            "x = (torch.randn(300, 576, generator=g) * 9).to(torch.bfloat16)\n"
+            "k = torch.randn(300, 128, generator=g).to(torch.float16)\n"
+            "s = torch.randperm(plan.num_slots, generator=g)[:300]\n"
+            "kvc.ops.dsa_write(x[:, :512], x[:, 512:], c.view('mla', 0), k.to(torch.bfloat16), c.view('idx', 0), s)\n"
+            "kvc.ops.indexer_k_quant_and_cache(k, c.view('idx', 0), s.flip(0))\n"
+            "out = kvc.ops.gather_mla_slots(c.view('mla', 0), s, dtype=torch.float32)\n"
+            "print(hashlib.sha256(c.buffer.numpy().tobytes() + out.numpy().tobytes()).hexdigest())\n")
+    digests = {}
+    for isa in ("scalar", "avx2", "avx512", "bogus"):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, KVC_CPU_ISA=isa))
+        assert r.returncode == 0, r.stderr
+        digests[isa] = r.stdout.strip()
+        assert ("must be scalar, avx2 or avx512" in r.stderr) == (isa == "bogus")
+    assert len(set(digests.values())) == 1, digests
