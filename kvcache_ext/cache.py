@@ -31,7 +31,9 @@ _MADV_HUGEPAGE = 14  # linux/mman.h
 def _huge_page_buffer(nbytes: int) -> torch.Tensor:
     """A host buffer on 2 MiB boundaries, marked for transparent huge pages before first touch
     (Linux madvise(MADV_HUGEPAGE); best effort, ignored elsewhere). Writes and reads land on
-    random rows across the whole cache: with 4 KiB pages nearly every row is a TLB miss."""
+    random rows across the whole cache: with 4 KiB pages nearly every row is a TLB miss. The
+    buffer is a view into a storage up to 2 MiB larger (storage_offset() > 0): views, ops and
+    NIXL take data_ptr() and numel(); code that serialises the storage itself copies the slack."""
     raw = torch.empty(nbytes + _HUGE_PAGE, dtype=torch.uint8)
     start = (-raw.data_ptr()) % _HUGE_PAGE
     buffer = raw[start:start + nbytes]

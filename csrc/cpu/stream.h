@@ -12,11 +12,13 @@
 
 namespace kvc::cpu {
 
-// bytes from src (16-B aligned) to dst: streaming stores when dst is 16-B aligned and bytes a
-// multiple of 16, else a plain copy.
+// bytes from src (16-B aligned) to dst: streaming stores when streams(dst, bytes), else a
+// plain copy.
+inline bool streams(const uint8_t* dst, int64_t bytes);
+
 inline void stream_row(uint8_t* dst, const uint8_t* src, int64_t bytes) {
 #if defined(__SSE2__)
-  if ((reinterpret_cast<uintptr_t>(dst) & 15) == 0 && bytes % 16 == 0) {
+  if (streams(dst, bytes)) {
     for (int64_t i = 0; i < bytes; i += 16)
       _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
                        _mm_load_si128(reinterpret_cast<const __m128i*>(src + i)));
@@ -26,8 +28,10 @@ inline void stream_row(uint8_t* dst, const uint8_t* src, int64_t bytes) {
   std::memcpy(dst, src, bytes);
 }
 
+// Whether stream_row streams: rows under 64 B (small K/V heads) share most of their lines with
+// neighbours, where streaming gains nothing, so they are stored in place.
 inline bool streams(const uint8_t* dst, int64_t bytes) {
-  return (reinterpret_cast<uintptr_t>(dst) & 15) == 0 && bytes % 16 == 0;
+  return (reinterpret_cast<uintptr_t>(dst) & 15) == 0 && bytes % 16 == 0 && bytes >= 64;
 }
 
 // Orders this thread's streaming stores before whatever follows (the op's return).

@@ -126,12 +126,13 @@ void mla_write(const MlaWriteParams& p) {
 }
 
 void indexer_write(const IndexerWriteParams& p) {
+  const bool split = p.placement == IndexerPlacement::kSplit;
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     alignas(64) uint8_t codes[kIndexerDim];
     for (int64_t t = begin; t < end; ++t) {
       if (t + kAhead < end && p.view.valid_slot(p.slots[t + kAhead])) {
         const IndexerAddress n = indexer_address(p.view, p.slots[t + kAhead], p.placement);
-        if (!streams(p.view.base + n.codes, kIndexerDim)) {  // codes stored in place: fetch them
+        if (!split) {  // codes stored in place: fetch them
           __builtin_prefetch(p.view.base + n.codes, 1, 3);
           __builtin_prefetch(p.view.base + n.codes + 127, 1, 3);
         }
@@ -143,8 +144,9 @@ void indexer_write(const IndexerWriteParams& p) {
       const float scale = indexer_scale(row_amax(k, p.dtype, kIndexerDim), p.ue8m0);
       const IndexerAddress a = indexer_address(p.view, slot, p.placement);
       uint8_t* dst = p.view.base + a.codes;
-      // split pages: 128 codes at 128-B steps, streamed; 132-B rows: in place
-      const bool stream = streams(dst, kIndexerDim);
+      // split pages: 128 codes at 128-B steps, streamed; 132-B rows: in place (a streamed
+      // row would share its last line with the scale's regular store)
+      const bool stream = split && streams(dst, kIndexerDim);
       quantize_row(k, p.dtype, kIndexerDim, scale, stream ? codes : dst);
       if (stream) stream_row(dst, codes, kIndexerDim);
       std::memcpy(p.view.base + a.scale, &scale, 4);
