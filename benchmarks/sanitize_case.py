@@ -7,7 +7,7 @@
 The default runs every op once (every kernel);
 Covers unaligned views (block size 1 makes 656-byte rows 8-byte aligned only), padding slots,
 out-of-range slots and block-table entries (skipped / zero rows, never touched), both indexer
-placements, fp16 inputs, and GPU <-> pinned CPU block copies.
+placements, fp16 inputs, GPU <-> pinned CPU block copies, and DeepSeek-V4's ops (v4_case).
 """
 import argparse
 
@@ -28,6 +28,46 @@ def racecheck_case(dev: torch.device) -> None:
     table = torch.arange(8, dtype=torch.int32, device=dev).view(2, 4)
     cu = torch.tensor([0, 50, 64], dtype=torch.int32, device=dev)
     kvc.ops.gather_mla(cache.view("mla", 0), table, cu, validate=False)
+    v4 = kvc.allocate(kvc.plan_cache(groups=kvc.presets.deepseek_v4("flash"), num_blocks=2,
+                                     layout="BLHNC"), dev, fill=0)
+    from kvcache_ext import ops_v4 as o4
+    o4.v4_dsa_write(torch.randn(40, 512, device=dev, dtype=torch.bfloat16), v4.view("c4_kv", 0),
+                    k, v4.view("c4_indexer", 0), torch.randperm(128, device=dev)[:40])
+
+
+def v4_case(dev: torch.device, bad: bool = True) -> None:
+    """DeepSeek-V4's ops on the packed V4-Flash slab: writes with padding and (bad=True, CUDA:
+    skipped) out-of-range slots, inputs off 16-B alignment (the kernels' generic variants) and
+    aligned (their aligned variants), reads by slots, through block tables with entries outside
+    the view, and the compressed + SWA window read."""
+    from kvcache_ext import ops_v4 as o4
+    plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("flash"), num_blocks=6, layout="BLHNC")
+    cache = kvc.allocate(plan, dev, fill=0)
+    g = torch.Generator().manual_seed(1)
+    t, rows = 70, 6 * 64
+    x = torch.randn(t, 700, generator=g).to(dev, torch.bfloat16)
+    slots = torch.randperm(rows, generator=g)[:t].to(dev)
+    slots[::9] = -1
+    if bad:
+        slots[4] = rows + 5
+    c4, mx, swa = cache.view("c4_kv", 1), cache.view("c4_indexer", 1), cache.view("swa0_kv", 1)
+    for kv, k in ((x[:, :512], x[:, 512:640]), (x[:, 1:513], x[:, 513:641])):  # aligned, then not
+        o4.v4_mla_quant_and_cache(kv, swa, slots)
+        o4.v4_dsa_write(kv, c4, k, mx, slots)
+        o4.mxfp4_quant_and_cache(k.float(), mx, slots.flip(0))
+    o4.state_write(x[:20, :100].float(), x[:20, 100:200].float(),
+                   cache.view("c4_indexer_state", 0)[..., :800], torch.arange(20, device=dev))
+    table = torch.randint(-2, 9, (3, 5), generator=g, dtype=torch.int32).to(dev)
+    cu = torch.tensor([0, 70, 70, 200], dtype=torch.int32, device=dev)
+    top = slots.clamp(min=-1).view(7, 10)
+    for fmt, view in (("fp8_ds_mla_v4", c4), ("mxfp4", mx)):
+        for dtype, raw in ((torch.bfloat16, False), (torch.float32, False), (None, True)):
+            o4.gather_v4(view, table, cu, fmt, dtype=dtype, raw=raw, validate=False)
+            o4.gather_v4_slots(view, top, fmt, dtype=dtype, raw=raw, validate=False)
+    lens = torch.tensor([300, 9, 0], dtype=torch.int32, device=dev)
+    c_bt = torch.tensor([[0, 7], [1, -1], [-1, -1]], dtype=torch.int32, device=dev)
+    o4.gather_compressed_and_swa(c4, c_bt, 4, swa, table, lens, validate=False)
+    o4.gather_compressed_and_swa(c4, c_bt, 4, swa, table, lens, raw=True, validate=False)
 
 
 def ncu_case(dev: torch.device, tokens: int = 16384) -> None:
@@ -107,6 +147,7 @@ def main() -> None:
         kvc.copy_blocks(cache, host, mapping)
         kvc.copy_blocks(host, cache, mapping)
         kvc.copy_blocks(cache, cache, torch.tensor([[0, 3]]))
+    v4_case(dev)
     torch.cuda.synchronize()
     print("sanitize_case: all ops ran")
 
