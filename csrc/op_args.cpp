@@ -133,6 +133,22 @@ void check_split_page(const PagedView& v, IndexerPlacement placement, const char
 
 }  // namespace
 
+const int32_t* block_table_arg(const at::Tensor& bt, const char* arg, const at::Tensor& view,
+                               const char* view_arg, int64_t reqs) {
+  TORCH_CHECK_TYPE(bt.scalar_type() == at::kInt, arg, " must be int32, got ", bt.scalar_type());
+  if (reqs < 0) {
+    TORCH_CHECK_VALUE(bt.dim() == 2, arg, " must be 2-D [num_requests, max_blocks], got shape ",
+                      shape_str(bt));
+  } else {
+    TORCH_CHECK_VALUE(bt.dim() == 2 && bt.size(0) == reqs, arg, " must be 2-D [num_requests = ",
+                      reqs, ", max_blocks], got shape ", shape_str(bt));
+  }
+  TORCH_CHECK_VALUE(bt.size(1) <= 1 || bt.stride(1) == 1, arg,
+                    " must be contiguous in its last dimension");
+  check_same_device(bt, arg, view, view_arg);
+  return ptr<int32_t>(bt);
+}
+
 const int32_t* int32_vector(const at::Tensor& t, const char* arg, int64_t n, const at::Tensor& view) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kInt, arg, " must be int32, got ", t.scalar_type());
   TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == n, arg, " must be 1-D with ", n,
@@ -156,14 +172,7 @@ TokenSource token_source(const GatherSource& g, const at::Tensor& view, int64_t 
   }
   TORCH_CHECK_VALUE(g.block_table && g.cu_seq_lens, "block_table and cu_seq_lens are required");
   const at::Tensor& bt = *g.block_table;
-  TORCH_CHECK_TYPE(bt.scalar_type() == at::kInt, "block_table must be int32, got ",
-                   bt.scalar_type());
-  TORCH_CHECK_VALUE(bt.dim() == 2, "block_table must be 2-D [num_requests, max_blocks], got shape ",
-                    shape_str(bt));
-  TORCH_CHECK_VALUE(bt.size(1) <= 1 || bt.stride(1) == 1,
-                    "block_table must be contiguous in its last dimension");
-  check_same_device(bt, "block_table", view, "view");
-  s.block_table = ptr<int32_t>(bt);
+  s.block_table = block_table_arg(bt, "block_table", view, "view");
   s.bt_stride = bt.stride(0);
   s.max_blocks = bt.size(1);
   s.num_reqs = bt.size(0);

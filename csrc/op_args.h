@@ -30,6 +30,9 @@ int64_t check_slot_mapping(const at::Tensor& sm, const at::Tensor& view, const c
 void check_row_bytes(const PagedView& v, int64_t want, const char* view_arg, const char* what);
 void check_one_head(const PagedView& v, const char* view_arg);
 const int32_t* int32_vector(const at::Tensor& t, const char* arg, int64_t n, const at::Tensor& view);
+// A block table [num_requests (= reqs when reqs >= 0), max_blocks] of int32 on the view's device.
+const int32_t* block_table_arg(const at::Tensor& bt, const char* arg, const at::Tensor& view,
+                               const char* view_arg, int64_t reqs = -1);
 
 PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
                                   const at::Tensor& slot_mapping, std::string_view kv_cache_dtype,
@@ -67,6 +70,10 @@ void check_slots_in_range(const at::Tensor& slot_mapping, int64_t num_tokens, co
 void check_unique_slots(const at::Tensor& slot_mapping, int64_t num_tokens, const PagedView& v,
                         const char* arg = "slot_mapping");
 void check_gather_source(const GatherSource& src, const PagedView& v, int64_t out_rows);
+// Positions [first, end) of request r read through block-table row r: inside the table and
+// every block they touch inside the view (IndexError naming arg otherwise).
+void check_table_range(const at::Tensor& bt, const char* arg, int64_t r, int64_t first,
+                       int64_t end, const PagedView& v, const char* what);
 
 // Byte spans (src offset, dst offset, length) [n, 3] of one copy: inside both buffers, no two
 // destinations overlapping, and no destination overlapping a source when both buffers share

@@ -35,7 +35,7 @@ void check_gather_source(const GatherSource& g, const PagedView& v, int64_t out_
     return;
   }
   const at::Tensor& bt = *g.block_table;
-  const int64_t reqs = bt.size(0), width = bt.size(1);
+  const int64_t reqs = bt.size(0);
   const int32_t* cu = g.cu_seq_lens->data_ptr<int32_t>();
   const int32_t* starts = g.seq_starts ? g.seq_starts->data_ptr<int32_t>() : nullptr;
   TORCH_CHECK_VALUE(cu[0] == 0, "cu_seq_lens[0] must be 0, got ", cu[0]);
@@ -49,16 +49,20 @@ void check_gather_source(const GatherSource& g, const PagedView& v, int64_t out_
     const int64_t start = starts ? starts[r] : 0;
     TORCH_CHECK_INDEX(start >= 0, "seq_starts[", r, "] must be >= 0, got ", start);
     const int64_t end = start + cu[r + 1] - cu[r];
-    if (end == start) continue;
-    TORCH_CHECK_INDEX(end <= width * v.block_size, "cu_seq_lens: request ", r, " reads positions [",
-                      start, ", ", end, ") but block_table holds ", width, " blocks of ",
-                      v.block_size, " tokens");
-    const int32_t* row = ptr<int32_t>(bt) + r * bt.stride(0);
-    for (int64_t j = start / v.block_size; j <= (end - 1) / v.block_size; ++j) {
-      TORCH_CHECK_INDEX(row[j] >= 0 && row[j] < v.num_blocks, "block_table[", r, ", ", j, "] = ",
-                        row[j], " is outside [0, num_blocks = ", v.num_blocks, ")");
-    }
+    check_table_range(bt, "block_table", r, start, end, v, "positions");
   }
+}
+
+void check_table_range(const at::Tensor& bt, const char* arg, int64_t r, int64_t first,
+                       int64_t end, const PagedView& v, const char* what) {
+  if (end <= first) return;
+  const int64_t width = bt.size(1), bs = v.block_size;
+  TORCH_CHECK_INDEX(end <= width * bs, arg, ": request ", r, " reads ", what, " [", first, ", ", end,
+                    ") but ", arg, " holds ", width, " blocks of ", bs, " ", what);
+  const int32_t* row = ptr<int32_t>(bt) + r * bt.stride(0);
+  for (int64_t j = first / bs; j <= (end - 1) / bs; ++j)
+    TORCH_CHECK_INDEX(row[j] >= 0 && row[j] < v.num_blocks, arg, "[", r, ", ", j, "] = ", row[j],
+                      " is outside [0, num_blocks = ", v.num_blocks, ")");
 }
 
 void check_unique_slots(const at::Tensor& slots, int64_t num_tokens, const PagedView& v,

@@ -109,21 +109,6 @@ V4GatherParams v4_gather_args(const at::Tensor& view, const GatherSource& src, V
   return p;
 }
 
-namespace {
-const int32_t* block_table(const at::Tensor& bt, const char* arg, const at::Tensor& view,
-                           int64_t reqs, int64_t& stride, int64_t& width) {
-  TORCH_CHECK_TYPE(bt.scalar_type() == at::kInt, arg, " must be int32, got ", bt.scalar_type());
-  TORCH_CHECK_VALUE(bt.dim() == 2 && bt.size(0) == reqs, arg, " must be 2-D [num_requests = ",
-                    reqs, ", max_blocks], got shape ", shape_str(bt));
-  TORCH_CHECK_VALUE(bt.size(1) <= 1 || bt.stride(1) == 1, arg,
-                    " must be contiguous in its last dimension");
-  check_same_device(bt, arg, view, "c_view");
-  stride = bt.stride(0);
-  width = bt.size(1);
-  return static_cast<const int32_t*>(bt.data_ptr());
-}
-}  // namespace
-
 V4WindowGatherParams v4_window_gather_args(const at::Tensor& c_view, const at::Tensor& swa_view,
                                            const WindowSource& src, int64_t ratio, int64_t window,
                                            const at::Tensor& out) {
@@ -141,10 +126,13 @@ V4WindowGatherParams v4_window_gather_args(const at::Tensor& c_view, const at::T
   s.num_reqs = src.seq_lens.size(0);
   s.seq_lens = int32_vector(src.seq_lens, "seq_lens", s.num_reqs, c_view);
   s.cu_out = int32_vector(src.cu_out, "cu_out", s.num_reqs + 1, c_view);
-  s.c_block_table = block_table(src.c_block_table, "c_block_table", c_view, s.num_reqs,
-                                s.c_bt_stride, s.c_max_blocks);
-  s.swa_block_table = block_table(src.swa_block_table, "swa_block_table", c_view, s.num_reqs,
-                                  s.swa_bt_stride, s.swa_max_blocks);
+  s.c_block_table = block_table_arg(src.c_block_table, "c_block_table", c_view, "c_view", s.num_reqs);
+  s.c_bt_stride = src.c_block_table.stride(0);
+  s.c_max_blocks = src.c_block_table.size(1);
+  s.swa_block_table = block_table_arg(src.swa_block_table, "swa_block_table", c_view, "c_view",
+                                      s.num_reqs);
+  s.swa_bt_stride = src.swa_block_table.stride(0);
+  s.swa_max_blocks = src.swa_block_table.size(1);
   s.ratio = ratio;
   s.window = window;
   p.num_tokens = out.size(0);
@@ -165,23 +153,8 @@ void check_window_source(const WindowSource& src, const V4WindowGatherParams& p)
     TORCH_CHECK_VALUE(int64_t{cu[r + 1]} - cu[r] == n_c + n_w, "cu_out[", r + 1, "] - cu_out[", r,
                       "] must be seq_lens[", r, "] // ratio + min(seq_lens[", r, "], window) = ",
                       n_c + n_w, ", got ", int64_t{cu[r + 1]} - cu[r]);
-    struct Part {
-      const at::Tensor& bt;
-      const char* name;
-      const PagedView& v;
-      int64_t first, end;  // rows (positions) read
-    };
-    for (const Part& part : {Part{src.c_block_table, "c_block_table", p.c_view, 0, n_c},
-                             Part{src.swa_block_table, "swa_block_table", p.swa_view, len - n_w, len}}) {
-      if (part.end == part.first) continue;
-      const int64_t width = part.bt.size(1), bs = part.v.block_size;
-      TORCH_CHECK_INDEX(part.end <= width * bs, part.name, ": request ", r, " reads rows [",
-                        part.first, ", ", part.end, ") but holds ", width, " blocks of ", bs, " rows");
-      const int32_t* row = part.bt.data_ptr<int32_t>() + r * part.bt.stride(0);
-      for (int64_t j = part.first / bs; j <= (part.end - 1) / bs; ++j)
-        TORCH_CHECK_INDEX(row[j] >= 0 && row[j] < part.v.num_blocks, part.name, "[", r, ", ", j,
-                          "] = ", row[j], " is outside [0, num_blocks = ", part.v.num_blocks, ")");
-    }
+    check_table_range(src.c_block_table, "c_block_table", r, 0, n_c, p.c_view, "rows");
+    check_table_range(src.swa_block_table, "swa_block_table", r, len - n_w, len, p.swa_view, "rows");
   }
   const int64_t total = s.num_reqs > 0 ? cu[s.num_reqs] : 0;
   TORCH_CHECK_VALUE(total <= p.num_tokens, "out must have at least cu_out[-1] = ", total,
