@@ -5,65 +5,40 @@
 #include <cstring>
 
 #include "../kernels.h"
+#include "gather_rows.h"
 #include "rows.h"
 
 namespace kvc::cpu {
-namespace {
-
-// Explicit slots (a sparse top-k) send each token to a random row: asking for the row kAhead
-// tokens on overlaps those misses with the current token's decoding. Rows read through a
-// block table are consecutive within a block, which the hardware prefetcher follows.
-constexpr int64_t kAhead = 8;
-inline void prefetch_slot_row(const TokenSource& src, const PagedView& v, int64_t t, int64_t end,
-                              int64_t first, int64_t bytes) {
-  if (src.slots == nullptr || t + kAhead >= end) return;
-  const int64_t slot = src.slots[t + kAhead];
-  if (!v.valid_slot(slot)) return;
-  const uint8_t* row = v.base + v.offset(slot) + first;
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
-  __builtin_prefetch(row + bytes - 1, 0, 3);
-}
-
-}  // namespace
-
 void mla_gather(const MlaGatherParams& p) {
   const int64_t out_bytes = mla_gather_row_bytes(p);
-  at::parallel_for(0, p.num_tokens, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      prefetch_slot_row(p.src, p.view, t, end, 0, p.view.row_bytes);
-      uint8_t* out = p.out + t * p.out_stride;
-      const int64_t slot = p.src.slot_of(t, p.view);
-      if (slot == kNoRow) continue;
-      if (slot < 0) {
-        std::memset(out, 0, out_bytes);
-        continue;
-      }
-      const uint8_t* row = p.view.row(slot);
-      if (p.mode == MlaGatherMode::kCopyRow) {
-        std::memcpy(out, row, out_bytes);
-        continue;
-      }
-      const bool bf16 = p.mode == MlaGatherMode::kDequantBf16;
-      const DType out_dtype = bf16 ? DType::kBFloat16 : DType::kFloat32;
-      if (p.format == MlaFormat::kFp8Tensor) {  // 576 codes, one scale
-        decode_row(row, kMlaDim, p.scale.get(), out_dtype, out);
-        continue;
-      }
-      for (int64_t k = 0; k < kMlaLatentDim / kMlaTile; ++k) {
-        float scale;
-        std::memcpy(&scale, row + kMlaScalesOffset + 4 * k, 4);
-        decode_row(row + k * kMlaTile, kMlaTile, scale, out_dtype, out + k * kMlaTile * (bf16 ? 2 : 4));
-      }
-      const uint8_t* rope = row + kMlaRopeOffset;
-      if (bf16) {
-        std::memcpy(out + 2 * kMlaLatentDim, rope, 2 * kMlaRopeDim);
-      } else {
-        for (int64_t i = 0; i < kMlaRopeDim; ++i) {
-          uint16_t h;
-          std::memcpy(&h, rope + 2 * i, 2);
-          const float v = canonical_nan(bf16_to_float(h));
-          std::memcpy(out + 4 * (kMlaLatentDim + i), &v, 4);
-        }
+  const bool bf16 = p.mode == MlaGatherMode::kDequantBf16;
+  const DType out_dtype = bf16 ? DType::kBFloat16 : DType::kFloat32;
+  gather_rows(p.num_tokens, p.out, p.out_stride, out_bytes,
+              token_locator(p.src, p.view, p.view.row_bytes),
+              [&](const PagedView& v, int64_t slot, uint8_t* out) {
+    const uint8_t* row = v.row(slot);
+    if (p.mode == MlaGatherMode::kCopyRow) {
+      std::memcpy(out, row, out_bytes);
+      return;
+    }
+    if (p.format == MlaFormat::kFp8Tensor) {  // 576 codes, one scale
+      decode_row(row, kMlaDim, p.scale.get(), out_dtype, out);
+      return;
+    }
+    for (int64_t k = 0; k < kMlaLatentDim / kMlaTile; ++k) {
+      float scale;
+      std::memcpy(&scale, row + kMlaScalesOffset + 4 * k, 4);
+      decode_row(row + k * kMlaTile, kMlaTile, scale, out_dtype, out + k * kMlaTile * (bf16 ? 2 : 4));
+    }
+    const uint8_t* rope = row + kMlaRopeOffset;
+    if (bf16) {
+      std::memcpy(out + 2 * kMlaLatentDim, rope, 2 * kMlaRopeDim);
+    } else {
+      for (int64_t i = 0; i < kMlaRopeDim; ++i) {
+        uint16_t h;
+        std::memcpy(&h, rope + 2 * i, 2);
+        const float f = canonical_nan(bf16_to_float(h));
+        std::memcpy(out + 4 * (kMlaLatentDim + i), &f, 4);
       }
     }
   });
@@ -73,7 +48,7 @@ void kv_gather(const KvGatherParams& p) {
   const int64_t out_bytes = p.head_dim * dtype_size(p.dtype);
   at::parallel_for(0, p.num_tokens, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      if (p.view.num_heads == 1) prefetch_slot_row(p.src, p.view, t, end, 0, p.view.row_bytes);
+      if (p.view.num_heads == 1) prefetch_slot_row(p.src, p.view, t, end, p.view.row_bytes);
       const int64_t slot = p.src.slot_of(t, p.view);
       if (slot == kNoRow) continue;
       for (int64_t h = 0; h < p.view.num_heads; ++h) {

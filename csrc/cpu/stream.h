@@ -12,10 +12,14 @@
 
 namespace kvc::cpu {
 
+// Whether stream_row streams: rows under 64 B (small K/V heads) share most of their lines with
+// neighbours, where streaming gains nothing, so they are stored in place.
+inline bool streams(const uint8_t* dst, int64_t bytes) {
+  return (reinterpret_cast<uintptr_t>(dst) & 15) == 0 && bytes % 16 == 0 && bytes >= 64;
+}
+
 // bytes from src (16-B aligned) to dst: streaming stores when streams(dst, bytes), else a
 // plain copy.
-inline bool streams(const uint8_t* dst, int64_t bytes);
-
 inline void stream_row(uint8_t* dst, const uint8_t* src, int64_t bytes) {
 #if defined(__SSE2__)
   if (streams(dst, bytes)) {
@@ -26,12 +30,6 @@ inline void stream_row(uint8_t* dst, const uint8_t* src, int64_t bytes) {
   }
 #endif
   std::memcpy(dst, src, bytes);
-}
-
-// Whether stream_row streams: rows under 64 B (small K/V heads) share most of their lines with
-// neighbours, where streaming gains nothing, so they are stored in place.
-inline bool streams(const uint8_t* dst, int64_t bytes) {
-  return (reinterpret_cast<uintptr_t>(dst) & 15) == 0 && bytes % 16 == 0 && bytes >= 64;
 }
 
 // Orders this thread's streaming stores before whatever follows (the op's return).

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "../v4_kernels.h"
+#include "gather_rows.h"
 #include "rows.h"
 #include "stream.h"
 
@@ -157,38 +158,27 @@ void v4_gather(const V4GatherParams& p) {
   if (p.format == V4Format::kMxfp4 && p.mode != MlaGatherMode::kCopyRow)
     table = std::make_unique<Mxfp4Table>(p.mode == MlaGatherMode::kDequantBf16 ? DType::kBFloat16
                                                                                : DType::kFloat32);
-  at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      uint8_t* out = p.out + t * p.out_stride;
-      const int64_t slot = p.src.slot_of(t, p.view);
-      if (slot == kNoRow) continue;
-      if (slot < 0) {
-        std::memset(out, 0, out_bytes);
-        continue;
-      }
-      const SplitAddress a = v4_address(p.view, slot, p.format);
-      decode_row_v4(p.format, p.mode, p.view.base + a.first, p.view.base + a.last, table.get(),
-                    out);
-    }
+  const auto data = [f = p.format](const PagedView& v, int64_t slot) {
+    return v.base + v4_address(v, slot, f).first;
+  };
+  gather_rows(p.num_tokens, p.out, p.out_stride, out_bytes,
+              token_locator(p.src, p.view, v4_data_bytes(p.format), data),
+              [&](const PagedView& v, int64_t slot, uint8_t* out) {
+    const SplitAddress a = v4_address(v, slot, p.format);
+    decode_row_v4(p.format, p.mode, v.base + a.first, v.base + a.last, table.get(), out);
   });
 }
 
 void v4_window_gather(const V4WindowGatherParams& p) {
-  const int64_t out_bytes = v4_out_row_bytes(V4Format::kMla, p.mode);
-  at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      uint8_t* out = p.out + t * p.out_stride;
-      bool swa;
-      const int64_t slot = p.src.slot_of(t, p.c_view, p.swa_view, swa);
-      if (slot == kNoRow) continue;
-      if (slot < 0) {
-        std::memset(out, 0, out_bytes);
-        continue;
-      }
-      const PagedView& v = swa ? p.swa_view : p.c_view;
-      const SplitAddress a = v4_address(v, slot, V4Format::kMla);
-      decode_row_v4(V4Format::kMla, p.mode, v.base + a.first, v.base + a.last, nullptr, out);
-    }
+  gather_rows(p.num_tokens, p.out, p.out_stride, v4_out_row_bytes(V4Format::kMla, p.mode),
+              [&](int64_t t, int64_t) {
+                bool swa;
+                const int64_t slot = p.src.slot_of(t, p.c_view, p.swa_view, swa);
+                return Located{slot, swa ? &p.swa_view : &p.c_view};
+              },
+              [&](const PagedView& v, int64_t slot, uint8_t* out) {
+    const SplitAddress a = v4_address(v, slot, V4Format::kMla);
+    decode_row_v4(V4Format::kMla, p.mode, v.base + a.first, v.base + a.last, nullptr, out);
   });
 }
 
