@@ -1,6 +1,6 @@
 // Host program: the AVX2 and AVX-512 row loops (csrc/cpu/rows_avx2.cpp, rows_avx512.cpp) against
 // the scalar ones (csrc/cpu/rows.cpp) byte for byte, each that this CPU has. fp32 -> e4m3 over every one of the 2^32 float bit patterns
-// with a power-of-two and a non-power-of-two scale; every bf16 / fp16 pattern with several
+// with a power-of-two, a non-power-of-two and a negative scale; every bf16 / fp16 pattern with several
 // scales; every code decoded to bf16 / fp16 / fp32 under ordinary and extreme scales; amax with
 // NaN, inf and lengths that leave scalar tails. Prints "mismatches: N"; exit status 1 if any.
 #include <cstdio>
@@ -19,6 +19,8 @@ struct Impl {
   float (*row_amax)(const void*, DType, int64_t);
   void (*quantize_row)(const void*, DType, int64_t, float, uint8_t*);
   void (*decode_row)(const uint8_t*, int64_t, float, DType, uint8_t*);
+  void (*tile_amax)(const void*, DType, int64_t, int64_t, float*);
+  void (*quantize_tiles)(const void*, DType, int64_t, int64_t, const float*, uint8_t*);
 };
 
 static unsigned long long bad = 0;
@@ -34,8 +36,9 @@ static void expect_same(const char* what, const std::vector<T>& a, const std::ve
 
 static void compare(const Impl& simd) {
   constexpr int64_t kChunk = 1 << 16;
-  // Every float through quantize_row (n = kChunk - 3: the last values take the scalar tail).
-  for (float scale : {1.0f, 0.3f}) {
+  // Every float through quantize_row (n = kChunk - 3: the last values take the scalar tail); a
+  // negative scale flips the codes' signs.
+  for (float scale : {1.0f, 0.3f, -2.5f}) {
 #pragma omp parallel for schedule(dynamic)
     for (int64_t c = 0; c < (int64_t{1} << 32) / kChunk; ++c) {
       std::vector<uint32_t> x(kChunk);
@@ -47,21 +50,45 @@ static void compare(const Impl& simd) {
       expect_same("quantize fp32", a, b, c * kChunk);
     }
   }
-  // Every bf16 and fp16 pattern, scales with and without a power of two, tiny and huge.
+  // Every bf16 and fp16 pattern, scales with and without a power of two, tiny and huge, signed
+  // zeros, inf and NaN.
   std::vector<uint16_t> h(1 << 16);
   for (int i = 0; i < (1 << 16); ++i) h[i] = static_cast<uint16_t>(i);
+  const float nan = kvc::bits_float(0xFFC00001u), inf = kvc::bits_float(0x7F800000u);
   for (DType t : {DType::kBFloat16, DType::kFloat16}) {
-    for (float scale : {1.0f, 0.0625f, 0.3f, 1.1754944e-38f, 2.2e-4f, 3.0e38f}) {
+    for (float scale : {1.0f, 0.0625f, 0.3f, 1.1754944e-38f, 2.2e-4f, 3.0e38f, -0.3f, 0.0f, -0.0f, inf, -inf, nan}) {
       std::vector<uint8_t> a(1 << 16), b(1 << 16);
       simd.quantize_row(h.data(), t, 1 << 16, scale, a.data());
       scalar::quantize_row(h.data(), t, 1 << 16, scale, b.data());
       expect_same("quantize 16-bit", a, b, 0);
     }
   }
+  // Several tiles per call: each tile's amax and codes with its own scale, as row by row (tile
+  // lengths that leave vector and scalar tails in every tile).
+  for (DType t : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
+    for (int64_t tile : {128, 64, 37}) {
+      const float scales[] = {0.3f, 1.1754944e-38f, -2.0f, 7.0f, 2.2e-4f};
+      constexpr int64_t kTiles = 5;
+      std::vector<uint8_t> x(kTiles * tile * kvc::dtype_size(t));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint8_t>(h[(i * 40503u) & 0xFFFF] >> (i & 1) * 8);
+      std::vector<uint8_t> a(kTiles * tile), b(kTiles * tile);
+      std::vector<uint32_t> ma(kTiles), mb(kTiles);
+      float amax[kTiles];
+      simd.quantize_tiles(x.data(), t, kTiles, tile, scales, a.data());
+      simd.tile_amax(x.data(), t, kTiles, tile, amax);
+      for (int64_t k = 0; k < kTiles; ++k) {
+        const uint8_t* xk = x.data() + k * tile * kvc::dtype_size(t);
+        scalar::quantize_row(xk, t, tile, scales[k], b.data() + k * tile);
+        ma[k] = kvc::float_bits(amax[k]);
+        mb[k] = kvc::float_bits(scalar::row_amax(xk, t, tile));
+      }
+      expect_same("quantize_tiles", a, b, 0);
+      expect_same("tile_amax", ma, mb, 0);
+    }
+  }
   // Every code decoded, scales including negative NaN, inf, the smallest normal and a huge one.
   std::vector<uint8_t> codes(256 * 3 + 5);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i * 7 + i / 256);
-  const float nan = kvc::bits_float(0xFFC00001u), inf = kvc::bits_float(0x7F800000u);
   for (DType t : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
     for (float scale : {1.0f, 0.3f, 1.1754944e-38f, 3.0e38f, 2.0e-3f, nan, inf}) {
       const size_t bytes = codes.size() * kvc::dtype_size(t);
@@ -88,12 +115,25 @@ static void compare(const Impl& simd) {
   }
 }
 
+// The AVX2 build has no tile functions of its own (rows.cpp loops over its row functions).
+static void avx2_tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, float* amax) {
+  for (int64_t k = 0; k < tiles; ++k)
+    amax[k] = kvc::cpu::avx2::row_amax(static_cast<const uint8_t*>(src) + k * tile * kvc::dtype_size(t), t, tile);
+}
+static void avx2_quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, const float* scales,
+                                uint8_t* out) {
+  for (int64_t k = 0; k < tiles; ++k)
+    kvc::cpu::avx2::quantize_row(static_cast<const uint8_t*>(src) + k * tile * kvc::dtype_size(t), t, tile,
+                                 scales[k], out + k * tile);
+}
+
 int main() {
   const Impl impls[] = {
       {"avx2", kvc::cpu::avx2::supported, kvc::cpu::avx2::row_amax, kvc::cpu::avx2::quantize_row,
-       kvc::cpu::avx2::decode_row},
+       kvc::cpu::avx2::decode_row, avx2_tile_amax, avx2_quantize_tiles},
       {"avx512", kvc::cpu::avx512::supported, kvc::cpu::avx512::row_amax,
-       kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row}};
+       kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row, kvc::cpu::avx512::tile_amax,
+       kvc::cpu::avx512::quantize_tiles}};
   for (const Impl& simd : impls) {
     if (!simd.supported()) {
       std::printf("%s: not on this CPU, not compared\n", simd.name);

@@ -3,11 +3,18 @@
 // pattern and every code). Compiled for AVX-512 F/BW/VL by a target attribute, function by
 // function; rows.cpp calls these only when supported() says the CPU has them.
 //
-// Besides the wider lanes: comparisons go to mask registers (one-instruction blends), codes are
-// narrowed and stored by vpmovdb, and decoding widens the codes to fp16 in hardware: an e4m3
-// code c is the fp16 number with bits (c & 0x7F) << 7 | (c & 0x80) << 8 times 2^8, exactly
-// (e4m3's exponent bias is 7, fp16's 15; e4m3 subnormals land on fp16 subnormals), so
-// vcvtph2ps and one multiplication by 256 give the code's value.
+// Besides the wider lanes: comparisons go to mask registers (one-instruction blends), and
+// decoding widens the codes to fp16 in hardware: an e4m3 code c is the fp16 number with bits
+// (c & 0x7F) << 7 | (c & 0x80) << 8 times 2^8, exactly (e4m3's exponent bias is 7, fp16's 15;
+// e4m3 subnormals land on fp16 subnormals), so vcvtph2ps and one multiplication by 256 give the
+// code's value.
+//
+// Encoding runs 32 values per instruction in 16-bit lanes (the loop is bound by instructions
+// issued, not by the division): each quotient |x| / |s| is cut to a bf16 pattern rounded to odd
+// (the 16 dropped bits stick to the kept lowest bit), which rounds to the same e4m3 code as the
+// float itself (8 significant bits >= 4 + 2, so the second rounding cannot be misled). Codes in
+// e4m3's normal range are then a rounding of that pattern's top bits; the rare lanes below 2^-6
+// (e4m3 subnormals) or NaN take a table path only when a group of 32 has one.
 #include "rows.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -59,6 +66,72 @@ KVC_AVX512_INLINE __m512 e4m3_decode16(const uint8_t* codes) {
   return _mm512_mask_mov_ps(v, nan, _mm512_castsi512_ps(splat(static_cast<int32_t>(kCanonicalNanBits))));
 }
 
+// e4m3 codes of bf16 patterns in [0, 2^-6) (t = pattern - 0x3A80, saturated at 0: at most 2^-10,
+// which rounds to 0), by t >> 4 = (exponent - 117) << 3 | top 3 mantissa bits: the code when the
+// other 4 mantissa bits are 0 (a possible tie) and when they are not. Ties fall only there.
+struct SubnormalCodes {
+  alignas(64) uint16_t exact[32];
+  alignas(64) uint16_t above[32];
+};
+
+SubnormalCodes make_subnormal_codes() {
+  SubnormalCodes c{};
+  for (uint32_t i = 0; i < 32; ++i) {
+    const uint32_t pattern = (117 + (i >> 3)) << 7 | (i & 7) << 4;
+    c.exact[i] = e4m3_encode_soft(bf16_to_float(static_cast<uint16_t>(pattern)));
+    c.above[i] = e4m3_encode_soft(bf16_to_float(static_cast<uint16_t>(pattern | 1)));
+  }
+  return c;
+}
+
+const SubnormalCodes kSubnormalCodes = make_subnormal_codes();
+
+// |q| of 16 + 16 values (nonnegative floats or NaN) as bf16 patterns rounded to odd, 32 words:
+// interleaved (word 2j from even lane j, 2j + 1 from odd lane j) or in order (lo then hi).
+KVC_AVX512_INLINE __m512i sticky16(__m512i u) {
+  return _mm512_mask_or_epi32(u, _mm512_test_epi32_mask(u, splat(0xFFFF)), u, splat(0x10000));
+}
+KVC_AVX512_INLINE __m512i bf16_odd_interleaved(__m512 even, __m512 odd) {
+  return _mm512_ternarylogic_epi32(splat(static_cast<int32_t>(0xFFFF0000u)), sticky16(_mm512_castps_si512(odd)),
+                                   _mm512_srli_epi32(sticky16(_mm512_castps_si512(even)), 16), 0xCA);
+}
+KVC_AVX512_INLINE __m512i high_words(__m512i lo, __m512i hi) {
+  const __m512i odd_words = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+                                             31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_permutex2var_epi16(lo, odd_words, hi);
+}
+KVC_AVX512_INLINE __m512i bf16_odd_ordered(__m512 lo, __m512 hi) {
+  return high_words(sticky16(_mm512_castps_si512(lo)), sticky16(_mm512_castps_si512(hi)));
+}
+
+// 32 codes from 32 such patterns a; bit 15 of each word of sign is the code's sign. Normal
+// range: round the 7 mantissa bits to 3 (nearest even) with the exponent rebased 127 -> 7,
+// computed as code << 8 so that the sign merges at bit 15 and the high bytes are the codes.
+KVC_AVX512_INLINE __m256i e4m3_codes32(__m512i a, __m512i sign) {
+  const __m512i high_bit = _mm512_set1_epi16(static_cast<int16_t>(0x8000));
+  const __m512i c = _mm512_min_epu16(a, _mm512_set1_epi16(0x43E0));  // >= 448 (and inf): 0x7E
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(c, 4), _mm512_set1_epi16(1));
+  __m512i r = _mm512_slli_epi16(_mm512_add_epi16(_mm512_add_epi16(c, _mm512_set1_epi16(7 - 0x3C00)), lsb), 4);
+  r = _mm512_ternarylogic_epi32(r, sign, high_bit, 0xF8);  // r | (sign & 0x8000)
+  // below 2^-6 or NaN: unsigned a - 2^-6 beyond inf - 2^-6
+  const __mmask32 rare = _mm512_cmpgt_epu16_mask(_mm512_sub_epi16(a, _mm512_set1_epi16(0x3C80)),
+                                                 _mm512_set1_epi16(0x7F80 - 0x3C80));
+  if (__builtin_expect(rare != 0, 0)) {
+    const __m512i t = _mm512_subs_epu16(a, _mm512_set1_epi16(0x3A80));
+    const __m512i idx = _mm512_srli_epi16(t, 4);
+    __m512i sub = _mm512_permutexvar_epi16(idx, _mm512_load_si512(kSubnormalCodes.above));
+    sub = _mm512_mask_permutexvar_epi16(sub, _mm512_testn_epi16_mask(t, _mm512_set1_epi16(15)), idx,
+                                        _mm512_load_si512(kSubnormalCodes.exact));
+    sub = _mm512_ternarylogic_epi32(_mm512_slli_epi16(sub, 8), sign, high_bit, 0xF8);
+    r = _mm512_mask_mov_epi16(r, _mm512_cmplt_epu16_mask(a, _mm512_set1_epi16(0x3C80)), sub);
+    r = _mm512_mask_mov_epi16(r, _mm512_cmpgt_epu16_mask(a, _mm512_set1_epi16(0x7F80)), _mm512_set1_epi16(0x7F00));
+  }
+  // high bytes of the 32 words: per 128-bit lane into its low 8 bytes, then the lanes' halves
+  const __m512i pick = _mm512_set4_epi32(-1, -1, 0x0F0D0B09, 0x07050301);
+  const __m512i bytes = _mm512_shuffle_epi8(r, pick);
+  return _mm512_castsi512_si256(_mm512_permutexvar_epi64(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), bytes));
+}
+
 KVC_AVX512_INLINE __mmask16 is_nan16(__m512i u) {
   return _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, splat(0x7FFFFFFF)), splat(0x7F800000));
 }
@@ -94,43 +167,107 @@ bool supported() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c");
 }
 
+// max of the 32 words of m (the complement's minimum: phminposuw takes 8 words in one step).
+KVC_AVX512_INLINE uint16_t max_u16(__m512i m) {
+  const __m256i m256 = _mm256_max_epu16(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64(m, 1));
+  const __m128i m128 = _mm_max_epu16(_mm256_castsi256_si128(m256), _mm256_extracti128_si256(m256, 1));
+  return static_cast<uint16_t>(~_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(m128, _mm_set1_epi32(-1)))));
+}
+
 // As the AVX2 version: 16-bit inputs compared as 16-bit patterns (NaN patterns count as 0).
-KVC_AVX512 float row_amax(const void* src, DType t, int64_t n) {
-  int64_t i = 0;
-  float tail = 0.0f;
-  if (t == DType::kFloat32) {
-    const float* f = static_cast<const float*>(src);
-    __m512i m = _mm512_setzero_si512();
-    for (; i + 16 <= n; i += 16) {
-      const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(f + i)), splat(0x7FFFFFFF));
-      m = _mm512_mask_max_epi32(m, _mm512_cmple_epi32_mask(a, splat(0x7F800000)), m, a);
+KVC_AVX512 void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, float* amax) {
+  const __m512i abs16 = _mm512_set1_epi16(0x7FFF), abs32 = splat(0x7FFFFFFF), inf32 = splat(0x7F800000);
+  const __m512i inf16 = _mm512_set1_epi16(t == DType::kBFloat16 ? 0x7F80 : 0x7C00);
+  for (int64_t k = 0; k < tiles; ++k) {
+    const uint8_t* x = static_cast<const uint8_t*>(src) + k * tile * dtype_size(t);
+    int64_t i = 0;
+    float top = 0.0f;
+    if (t == DType::kFloat32) {
+      const float* f = reinterpret_cast<const float*>(x);
+      __m512i m = _mm512_setzero_si512();
+      for (; i + 16 <= tile; i += 16) {
+        const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(f + i)), abs32);
+        m = _mm512_mask_max_epi32(m, _mm512_cmple_epi32_mask(a, inf32), m, a);
+      }
+      top = bits_float(static_cast<uint32_t>(_mm512_reduce_max_epi32(m)));
+    } else {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(x);
+      __m512i m = _mm512_setzero_si512();
+      for (; i + 32 <= tile; i += 32) {
+        const __m512i a = _mm512_and_si512(_mm512_loadu_si512(h + i), abs16);
+        m = _mm512_mask_max_epu16(m, _mm512_cmple_epu16_mask(a, inf16), m, a);
+      }
+      const uint16_t w = max_u16(m);
+      top = t == DType::kBFloat16 ? bf16_to_float(w) : fp16_to_float(w);
     }
-    tail = bits_float(static_cast<uint32_t>(_mm512_reduce_max_epi32(m)));
-  } else {
-    const uint16_t* h = static_cast<const uint16_t*>(src);
-    const __m512i inf = _mm512_set1_epi16(t == DType::kBFloat16 ? 0x7F80 : 0x7C00);
-    __m512i m = _mm512_setzero_si512();
-    for (; i + 32 <= n; i += 32) {
-      const __m512i a = _mm512_and_si512(_mm512_loadu_si512(h + i), _mm512_set1_epi16(0x7FFF));
-      m = _mm512_mask_max_epu16(m, _mm512_cmple_epu16_mask(a, inf), m, a);
-    }
-    // widen the 32 maxima to dwords (zero-extended) and reduce
-    const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(m));
-    const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(m, 1));
-    const uint16_t top = static_cast<uint16_t>(_mm512_reduce_max_epi32(_mm512_max_epi32(lo, hi)));
-    tail = t == DType::kBFloat16 ? bf16_to_float(top) : fp16_to_float(top);
+    const float rest = scalar::row_amax(x + i * dtype_size(t), t, tile - i);
+    amax[k] = rest > top ? rest : top;
   }
-  const float rest = scalar::row_amax(static_cast<const uint8_t*>(src) + i * dtype_size(t), t, n - i);
-  return rest > tail ? rest : tail;
+}
+
+KVC_AVX512 float row_amax(const void* src, DType t, int64_t n) {
+  float amax;
+  tile_amax(src, t, 1, n, &amax);
+  return amax;
+}
+
+// 32 values from x as bf16 patterns of |x| / s rounded to odd, and their signs (bit 15).
+template <DType T>
+KVC_AVX512_INLINE __m512i quotients32(const void* x, __m512 s, __m512i* sign) {
+  const __m512i abs16 = _mm512_set1_epi16(0x7FFF), abs32 = splat(0x7FFFFFFF);
+  if constexpr (T == DType::kFloat32) {
+    const float* f = static_cast<const float*>(x);
+    const __m512i lo = _mm512_loadu_si512(f), hi = _mm512_loadu_si512(f + 16);
+    *sign = high_words(lo, hi);
+    return bf16_odd_ordered(_mm512_div_ps(_mm512_castsi512_ps(_mm512_and_si512(lo, abs32)), s),
+                            _mm512_div_ps(_mm512_castsi512_ps(_mm512_and_si512(hi, abs32)), s));
+  } else {
+    const __m512i h = _mm512_loadu_si512(x);
+    const __m512i m = _mm512_and_si512(h, abs16);
+    *sign = h;
+    if constexpr (T == DType::kBFloat16)  // even elements: the low words moved up; odd: the high words
+      return bf16_odd_interleaved(_mm512_div_ps(_mm512_castsi512_ps(_mm512_slli_epi32(m, 16)), s),
+                                  _mm512_div_ps(_mm512_castsi512_ps(_mm512_andnot_si512(splat(0xFFFF), m)), s));
+    return bf16_odd_ordered(_mm512_div_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(m)), s),
+                            _mm512_div_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(m, 1)), s));
+  }
+}
+
+// |x| / |s| (the IEEE quotient's magnitude), the sign of x / s attached by bits.
+template <DType T>
+KVC_AVX512_INLINE void quantize_tiles_as(const void* src, int64_t tiles, int64_t tile, const float* scales,
+                                         uint8_t* out) {
+  for (int64_t k = 0; k < tiles; ++k) {
+    const uint8_t* x = static_cast<const uint8_t*>(src) + k * tile * dtype_size(T);
+    uint8_t* o = out + k * tile;
+    const float scale = scales[k];
+    const __m512 s = _mm512_set1_ps(std::fabs(scale));
+    const __m512i flip = _mm512_set1_epi16(std::signbit(scale) ? static_cast<int16_t>(0x8000) : 0);
+    int64_t i = 0;
+    for (; i + 32 <= tile; i += 32) {
+      __m512i sign;
+      const __m512i a = quotients32<T>(x + i * dtype_size(T), s, &sign);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), e4m3_codes32(a, _mm512_xor_si512(sign, flip)));
+    }
+    const __m512 ss = _mm512_set1_ps(scale);
+    for (; i + 16 <= tile; i += 16)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i),
+                       _mm512_cvtepi32_epi8(e4m3_encode16(_mm512_div_ps(load16(x, T, i), ss))));
+    scalar::quantize_row(x + i * dtype_size(T), T, tile - i, scale, o + i);
+  }
+}
+
+KVC_AVX512 void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, const float* scales,
+                               uint8_t* out) {
+  switch (t) {
+    case DType::kBFloat16: return quantize_tiles_as<DType::kBFloat16>(src, tiles, tile, scales, out);
+    case DType::kFloat16: return quantize_tiles_as<DType::kFloat16>(src, tiles, tile, scales, out);
+    default: return quantize_tiles_as<DType::kFloat32>(src, tiles, tile, scales, out);
+  }
 }
 
 KVC_AVX512 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
-  const __m512 s = _mm512_set1_ps(scale);
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm512_cvtepi32_epi8(e4m3_encode16(_mm512_div_ps(load16(src, t, i), s))));
-  scalar::quantize_row(static_cast<const uint8_t*>(src) + i * dtype_size(t), t, n - i, scale, out + i);
+  quantize_tiles(src, t, 1, n, &scale, out);
 }
 
 KVC_AVX512 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
@@ -160,6 +297,15 @@ bool supported() { return false; }
 float row_amax(const void* src, DType t, int64_t n) { return scalar::row_amax(src, t, n); }
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
   scalar::quantize_row(src, t, n, scale, out);
+}
+void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, float* amax) {
+  for (int64_t k = 0; k < tiles; ++k)
+    amax[k] = scalar::row_amax(static_cast<const uint8_t*>(src) + k * tile * dtype_size(t), t, tile);
+}
+void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, const float* scales, uint8_t* out) {
+  for (int64_t k = 0; k < tiles; ++k)
+    scalar::quantize_row(static_cast<const uint8_t*>(src) + k * tile * dtype_size(t), t, tile, scales[k],
+                         out + k * tile);
 }
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
   scalar::decode_row(codes, n, scale, out_dtype, out);

@@ -105,12 +105,12 @@ void mla_write(const MlaWriteParams& p) {
       uint8_t* const dst = p.view.row(slot);
       uint8_t* row = staged;
       const uint8_t* kv_c = elem(p.kv_c, t * p.kv_c_stride, p.dtype);
-      for (int64_t k = 0; k < kMlaLatentDim / kMlaTile; ++k) {
-        const uint8_t* tile = kv_c + k * kMlaTile * es;
-        const float scale = mla_tile_scale(row_amax(tile, p.dtype, kMlaTile));
-        quantize_row(tile, p.dtype, kMlaTile, scale, row + k * kMlaTile);
-        std::memcpy(row + kMlaScalesOffset + 4 * k, &scale, 4);
-      }
+      constexpr int64_t kTiles = kMlaLatentDim / kMlaTile;
+      float scales[kTiles];
+      tile_amax(kv_c, p.dtype, kTiles, kMlaTile, scales);
+      for (float& s : scales) s = mla_tile_scale(s);
+      quantize_tiles(kv_c, p.dtype, kTiles, kMlaTile, scales, row);
+      std::memcpy(row + kMlaScalesOffset, scales, sizeof(scales));
       // Rope values stored as bf16: bf16 input bit for bit, fp16 rounded to nearest even.
       const uint8_t* k_pe = elem(p.k_pe, t * p.k_pe_stride, p.dtype);
       if (p.dtype == DType::kBFloat16) {
