@@ -5,6 +5,7 @@
 // NaN, inf and lengths that leave scalar tails. Prints "mismatches: N"; exit status 1 if any.
 #include <cstdio>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cpu/rows.h"
@@ -19,8 +20,8 @@ struct Impl {
   float (*row_amax)(const void*, DType, int64_t);
   void (*quantize_row)(const void*, DType, int64_t, float, uint8_t*);
   void (*decode_row)(const uint8_t*, int64_t, float, DType, uint8_t*);
-  void (*tile_amax)(const void*, DType, int64_t, int64_t, float*);
-  void (*quantize_tiles)(const void*, DType, int64_t, int64_t, const float*, uint8_t*);
+  void (*tile_amax)(const void*, DType, int64_t, int64_t, int64_t, float*);
+  void (*quantize_tiles)(const void*, DType, int64_t, int64_t, int64_t, const float*, uint8_t*);
 };
 
 static unsigned long long bad = 0;
@@ -51,12 +52,14 @@ static void compare(const Impl& simd) {
     }
   }
   // Every bf16 and fp16 pattern, scales with and without a power of two, tiny and huge, signed
-  // zeros, inf and NaN.
+  // zeros, inf and NaN, powers of two at and beyond the bounds of the bf16 exponent path.
   std::vector<uint16_t> h(1 << 16);
   for (int i = 0; i < (1 << 16); ++i) h[i] = static_cast<uint16_t>(i);
   const float nan = kvc::bits_float(0xFFC00001u), inf = kvc::bits_float(0x7F800000u);
   for (DType t : {DType::kBFloat16, DType::kFloat16}) {
-    for (float scale : {1.0f, 0.0625f, 0.3f, 1.1754944e-38f, 2.2e-4f, 3.0e38f, -0.3f, 0.0f, -0.0f, inf, -inf, nan}) {
+    for (float scale : {1.0f, 0.0625f, 0.3f, 1.1754944e-38f, 2.2e-4f, 3.0e38f, -0.3f, 0.0f, -0.0f, inf, -inf, nan,
+                        // powers of two (bf16 takes an exact path for |e| <= 100)
+                        0x1p-20f, 0x1p-100f, 0x1p100f, 0x1p-101f, 0x1p101f, 0x1p-126f, 0x1p-149f, 0x1p10f, -0.25f, 0.5f}) {
       std::vector<uint8_t> a(1 << 16), b(1 << 16);
       simd.quantize_row(h.data(), t, 1 << 16, scale, a.data());
       scalar::quantize_row(h.data(), t, 1 << 16, scale, b.data());
@@ -64,20 +67,20 @@ static void compare(const Impl& simd) {
     }
   }
   // Several tiles per call: each tile's amax and codes with its own scale, as row by row (tile
-  // lengths that leave vector and scalar tails in every tile).
+  // lengths that leave vector and scalar tails in every tile; tiles apart or adjacent).
   for (DType t : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
-    for (int64_t tile : {128, 64, 37}) {
+    for (auto [tile, stride] : {std::pair<int64_t, int64_t>{128, 128}, {64, 64}, {37, 37}, {128, 131}, {32, 200}}) {
       const float scales[] = {0.3f, 1.1754944e-38f, -2.0f, 7.0f, 2.2e-4f};
       constexpr int64_t kTiles = 5;
-      std::vector<uint8_t> x(kTiles * tile * kvc::dtype_size(t));
+      std::vector<uint8_t> x(kTiles * stride * kvc::dtype_size(t));
       for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint8_t>(h[(i * 40503u) & 0xFFFF] >> (i & 1) * 8);
       std::vector<uint8_t> a(kTiles * tile), b(kTiles * tile);
       std::vector<uint32_t> ma(kTiles), mb(kTiles);
       float amax[kTiles];
-      simd.quantize_tiles(x.data(), t, kTiles, tile, scales, a.data());
-      simd.tile_amax(x.data(), t, kTiles, tile, amax);
+      simd.quantize_tiles(x.data(), t, kTiles, tile, stride, scales, a.data());
+      simd.tile_amax(x.data(), t, kTiles, tile, stride, amax);
       for (int64_t k = 0; k < kTiles; ++k) {
-        const uint8_t* xk = x.data() + k * tile * kvc::dtype_size(t);
+        const uint8_t* xk = x.data() + k * stride * kvc::dtype_size(t);
         scalar::quantize_row(xk, t, tile, scales[k], b.data() + k * tile);
         ma[k] = kvc::float_bits(amax[k]);
         mb[k] = kvc::float_bits(scalar::row_amax(xk, t, tile));
@@ -116,14 +119,14 @@ static void compare(const Impl& simd) {
 }
 
 // The AVX2 build has no tile functions of its own (rows.cpp loops over its row functions).
-static void avx2_tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, float* amax) {
+static void avx2_tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
   for (int64_t k = 0; k < tiles; ++k)
-    amax[k] = kvc::cpu::avx2::row_amax(static_cast<const uint8_t*>(src) + k * tile * kvc::dtype_size(t), t, tile);
+    amax[k] = kvc::cpu::avx2::row_amax(static_cast<const uint8_t*>(src) + k * stride * kvc::dtype_size(t), t, tile);
 }
-static void avx2_quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, const float* scales,
-                                uint8_t* out) {
+static void avx2_quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride,
+                                const float* scales, uint8_t* out) {
   for (int64_t k = 0; k < tiles; ++k)
-    kvc::cpu::avx2::quantize_row(static_cast<const uint8_t*>(src) + k * tile * kvc::dtype_size(t), t, tile,
+    kvc::cpu::avx2::quantize_row(static_cast<const uint8_t*>(src) + k * stride * kvc::dtype_size(t), t, tile,
                                  scales[k], out + k * tile);
 }
 

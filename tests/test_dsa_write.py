@@ -78,6 +78,27 @@ def test_indexer(device, layout, block_size, num_tokens, placement, scale_fmt):
     gc.assert_matches()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("placement", ["row", "split"])
+@pytest.mark.parametrize("scale_fmt", [None, "ue8m0"])
+def test_indexer_strided_input(device, dtype, placement, scale_fmt):
+    """k as a slice of wider rows (the CPU kernel reads tokens in batches, tiles k_stride apart),
+    token counts that leave partial batches, padding slots."""
+    plan = plan_for("BLHNC", 16, 37)
+    gc = guarded(plan, device, seed=4)
+    g = torch.Generator().manual_seed(8)
+    wide = (torch.randn(37, 160, generator=g) * 3).to(dtype)
+    wide[5, 7] = float("nan")
+    wide[6, 0] = float("-inf")
+    wide[9] = 0.0
+    k = wide[:, 16:144]
+    slots = random_slots(37, plan.num_slots, seed=6, pad_every=5)
+    kvc.ops.indexer_k_quant_and_cache(k.to(device), gc.view("indexer", 1), slots.to(device),
+                                      scale_fmt, placement)
+    ref.indexer_k_quant_and_cache(k, gc.expected_view("indexer", 1), slots, scale_fmt, placement)
+    gc.assert_matches()
+
+
 @pytest.mark.parametrize("layout", kvc.LAYOUTS)
 @pytest.mark.parametrize("block_size", [1, 64])
 @pytest.mark.parametrize("placement", ["row", "split"])

@@ -73,16 +73,17 @@ void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out
   }
 }
 
-void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, float* amax) {
-  if (kIsa == Isa::kAvx512) return avx512::tile_amax(src, t, tiles, tile, amax);
+void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
+  if (kIsa == Isa::kAvx512) return avx512::tile_amax(src, t, tiles, tile, stride, amax);
   for (int64_t k = 0; k < tiles; ++k)
-    amax[k] = row_amax(static_cast<const uint8_t*>(src) + k * tile * dtype_size(t), t, tile);
+    amax[k] = row_amax(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile);
 }
 
-void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, const float* scales, uint8_t* out) {
-  if (kIsa == Isa::kAvx512) return avx512::quantize_tiles(src, t, tiles, tile, scales, out);
+void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
+                    uint8_t* out) {
+  if (kIsa == Isa::kAvx512) return avx512::quantize_tiles(src, t, tiles, tile, stride, scales, out);
   for (int64_t k = 0; k < tiles; ++k)
-    quantize_row(static_cast<const uint8_t*>(src) + k * tile * dtype_size(t), t, tile, scales[k], out + k * tile);
+    quantize_row(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile, scales[k], out + k * tile);
 }
 
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {

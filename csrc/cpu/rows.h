@@ -18,10 +18,12 @@ float row_amax(const void* src, DType t, int64_t n);
 // out[i] = e4m3(x[i] / scale): IEEE division, round to nearest even, saturating, NaN -> 0x7F.
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
 
-// The same over `tiles` consecutive tiles of `tile` values: amax[k] = row_amax of tile k, and
-// tile k quantized with scales[k] (the setup paid once per call, not once per tile).
-void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, float* amax);
-void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, const float* scales, uint8_t* out);
+// The same over `tiles` tiles of `tile` values, tile k at src + k * stride values (stride >=
+// tile): amax[k] = row_amax of tile k, and tile k quantized with scales[k] to out + k * tile.
+// One call for a row's tiles or a batch of rows pays the setup once, not once per tile.
+void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax);
+void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
+                    uint8_t* out);
 
 // out[i] = decoded codes[i] * scale, stored as `out_dtype` (bf16, fp16 or fp32; NaN canonical).
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
@@ -43,8 +45,9 @@ namespace avx512 {
 bool supported();  // AVX-512 F, BW and VL, and F16C
 float row_amax(const void* src, DType t, int64_t n);
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
-void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, float* amax);
-void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, const float* scales, uint8_t* out);
+void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax);
+void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
+                    uint8_t* out);
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 }  // namespace avx512
 

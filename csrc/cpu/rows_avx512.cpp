@@ -175,11 +175,11 @@ KVC_AVX512_INLINE uint16_t max_u16(__m512i m) {
 }
 
 // As the AVX2 version: 16-bit inputs compared as 16-bit patterns (NaN patterns count as 0).
-KVC_AVX512 void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, float* amax) {
+KVC_AVX512 void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
   const __m512i abs16 = _mm512_set1_epi16(0x7FFF), abs32 = splat(0x7FFFFFFF), inf32 = splat(0x7F800000);
   const __m512i inf16 = _mm512_set1_epi16(t == DType::kBFloat16 ? 0x7F80 : 0x7C00);
   for (int64_t k = 0; k < tiles; ++k) {
-    const uint8_t* x = static_cast<const uint8_t*>(src) + k * tile * dtype_size(t);
+    const uint8_t* x = static_cast<const uint8_t*>(src) + k * stride * dtype_size(t);
     int64_t i = 0;
     float top = 0.0f;
     if (t == DType::kFloat32) {
@@ -207,7 +207,7 @@ KVC_AVX512 void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile,
 
 KVC_AVX512 float row_amax(const void* src, DType t, int64_t n) {
   float amax;
-  tile_amax(src, t, 1, n, &amax);
+  tile_amax(src, t, 1, n, n, &amax);
   return amax;
 }
 
@@ -233,17 +233,40 @@ KVC_AVX512_INLINE __m512i quotients32(const void* x, __m512 s, __m512i* sign) {
   }
 }
 
+// e when |s| = 2^e with |e| <= 100, else kNotPow2.
+constexpr int32_t kNotPow2 = 1 << 30;
+inline int32_t pow2_exponent(float s) {
+  const uint32_t u = float_bits(s) & 0x7FFFFFFFu;
+  const int32_t e = static_cast<int32_t>(u >> 23) - 127;
+  return (u & 0x7FFFFFu) == 0 && e >= -100 && e <= 100 ? e : kNotPow2;
+}
+
 // |x| / |s| (the IEEE quotient's magnitude), the sign of x / s attached by bits.
 template <DType T>
-KVC_AVX512_INLINE void quantize_tiles_as(const void* src, int64_t tiles, int64_t tile, const float* scales,
-                                         uint8_t* out) {
+KVC_AVX512_INLINE void quantize_tiles_as(const void* src, int64_t tiles, int64_t tile, int64_t stride,
+                                         const float* scales, uint8_t* out) {
   for (int64_t k = 0; k < tiles; ++k) {
-    const uint8_t* x = static_cast<const uint8_t*>(src) + k * tile * dtype_size(T);
+    const uint8_t* x = static_cast<const uint8_t*>(src) + k * stride * dtype_size(T);
     uint8_t* o = out + k * tile;
     const float scale = scales[k];
     const __m512 s = _mm512_set1_ps(std::fabs(scale));
     const __m512i flip = _mm512_set1_epi16(std::signbit(scale) ? static_cast<int16_t>(0x8000) : 0);
     int64_t i = 0;
+    const int32_t e = pow2_exponent(scale);
+    if (T == DType::kBFloat16 && e != kNotPow2) {
+      // bf16 / 2^e is the bf16 pattern with e taken off its exponent field, exactly, while the
+      // quotient is normal; below that it is < 2^-26 (|e| <= 100), whose code is 0 either way,
+      // and above bf16's range it saturates to inf. NaN stays NaN.
+      const __m512i shift = _mm512_set1_epi16(static_cast<int16_t>(std::abs(e) << 7));
+      for (; i + 32 <= tile; i += 32) {
+        const __m512i h = _mm512_loadu_si512(x + i * 2);
+        const __m512i m = _mm512_and_si512(h, _mm512_set1_epi16(0x7FFF));
+        __m512i a = e > 0 ? _mm512_subs_epu16(m, shift)
+                          : _mm512_min_epu16(_mm512_adds_epu16(m, shift), _mm512_set1_epi16(0x7F80));
+        a = _mm512_mask_mov_epi16(a, _mm512_cmpgt_epu16_mask(m, _mm512_set1_epi16(0x7F80)), m);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), e4m3_codes32(a, _mm512_xor_si512(h, flip)));
+      }
+    }
     for (; i + 32 <= tile; i += 32) {
       __m512i sign;
       const __m512i a = quotients32<T>(x + i * dtype_size(T), s, &sign);
@@ -257,17 +280,17 @@ KVC_AVX512_INLINE void quantize_tiles_as(const void* src, int64_t tiles, int64_t
   }
 }
 
-KVC_AVX512 void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, const float* scales,
-                               uint8_t* out) {
+KVC_AVX512 void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride,
+                               const float* scales, uint8_t* out) {
   switch (t) {
-    case DType::kBFloat16: return quantize_tiles_as<DType::kBFloat16>(src, tiles, tile, scales, out);
-    case DType::kFloat16: return quantize_tiles_as<DType::kFloat16>(src, tiles, tile, scales, out);
-    default: return quantize_tiles_as<DType::kFloat32>(src, tiles, tile, scales, out);
+    case DType::kBFloat16: return quantize_tiles_as<DType::kBFloat16>(src, tiles, tile, stride, scales, out);
+    case DType::kFloat16: return quantize_tiles_as<DType::kFloat16>(src, tiles, tile, stride, scales, out);
+    default: return quantize_tiles_as<DType::kFloat32>(src, tiles, tile, stride, scales, out);
   }
 }
 
 KVC_AVX512 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
-  quantize_tiles(src, t, 1, n, &scale, out);
+  quantize_tiles(src, t, 1, n, n, &scale, out);
 }
 
 KVC_AVX512 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
@@ -298,13 +321,14 @@ float row_amax(const void* src, DType t, int64_t n) { return scalar::row_amax(sr
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
   scalar::quantize_row(src, t, n, scale, out);
 }
-void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, float* amax) {
+void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
   for (int64_t k = 0; k < tiles; ++k)
-    amax[k] = scalar::row_amax(static_cast<const uint8_t*>(src) + k * tile * dtype_size(t), t, tile);
+    amax[k] = scalar::row_amax(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile);
 }
-void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, const float* scales, uint8_t* out) {
+void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
+                    uint8_t* out) {
   for (int64_t k = 0; k < tiles; ++k)
-    scalar::quantize_row(static_cast<const uint8_t*>(src) + k * tile * dtype_size(t), t, tile, scales[k],
+    scalar::quantize_row(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile, scales[k],
                          out + k * tile);
 }
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {

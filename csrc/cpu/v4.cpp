@@ -25,14 +25,14 @@ const uint16_t* as_bf16(const void* src, DType t, int64_t n, uint16_t* buf) {
 
 void mla_row(const uint16_t* x, bool scale_floor, uint8_t* data, uint8_t* scales) {
   float s[kV4Tiles];
-  tile_amax(x, DType::kBFloat16, kV4Tiles, kV4Tile, s);
+  tile_amax(x, DType::kBFloat16, kV4Tiles, kV4Tile, kV4Tile, s);
   for (int64_t k = 0; k < kV4Tiles; ++k) {
     const int32_t e = v4_mla_exponent(s[k], scale_floor);
     // IEEE division by 2^e (inf for a tile holding +-inf: finite values -> +-0, inf -> NaN code)
     s[k] = pow2f(e);
     scales[k] = v4_scale_byte(e);
   }
-  quantize_tiles(x, DType::kBFloat16, kV4Tiles, kV4Tile, s, data);
+  quantize_tiles(x, DType::kBFloat16, kV4Tiles, kV4Tile, kV4Tile, s, data);
   std::memcpy(data + kV4Nope, x + kV4Nope, 2 * (kV4Dim - kV4Nope));
   scales[kV4Tiles] = 0;
 }

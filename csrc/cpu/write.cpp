@@ -2,6 +2,7 @@
 // negative slots are padding. The per-row arithmetic lives in rows.cpp (vectorized).
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -18,10 +19,16 @@ const uint8_t* elem(const void* base, int64_t index, DType t) {
   return static_cast<const uint8_t*>(base) + index * dtype_size(t);
 }
 
-// Rows land at random slots: the indexer's 132-B rows (stored in place) ask for the lines of the
-// row kAhead tokens on, for writing, so those misses overlap the current token's arithmetic.
-// Whole rows of 16-B multiples are built in L1 and streamed instead (stream.h).
-constexpr int64_t kAhead = 4;
+// Rows are computed kBatch tokens at a time (one call of the row loops per batch) in L1, then
+// stored: whole rows of 16-B multiples streamed (stream.h), the rest in place.
+constexpr int64_t kBatch = 8;
+constexpr int64_t kAheadRows = 2;  // MLA rows: inputs asked for this many tokens ahead
+
+// Asks for the cache lines of [p, p + bytes) (for writing: exclusive).
+inline void prefetch_lines(const uint8_t* p, int64_t bytes, bool write = false) {
+  const uint8_t* line = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63});
+  for (; line < p + bytes; line += 64) write ? __builtin_prefetch(line, 1, 3) : __builtin_prefetch(line, 0, 3);
+}
 
 // Unquantized rows: straight byte copies of `bytes` per (token, head).
 void copy_rows(int64_t num_tokens, const int64_t* slots, const PagedView& v, int64_t heads,
@@ -100,6 +107,10 @@ void mla_write(const MlaWriteParams& p) {
     uint16_t rope[kMlaRopeDim];
     alignas(64) uint8_t staged[kMlaFp8RowBytes];
     for (int64_t t = begin; t < end; ++t) {
+      if (t + kAheadRows < end) {
+        prefetch_lines(elem(p.kv_c, (t + kAheadRows) * p.kv_c_stride, p.dtype), kMlaLatentDim * es);
+        prefetch_lines(elem(p.k_pe, (t + kAheadRows) * p.k_pe_stride, p.dtype), kMlaRopeDim * es);
+      }
       const int64_t slot = p.slots[t];
       if (!p.view.valid_slot(slot)) continue;
       uint8_t* const dst = p.view.row(slot);
@@ -107,9 +118,9 @@ void mla_write(const MlaWriteParams& p) {
       const uint8_t* kv_c = elem(p.kv_c, t * p.kv_c_stride, p.dtype);
       constexpr int64_t kTiles = kMlaLatentDim / kMlaTile;
       float scales[kTiles];
-      tile_amax(kv_c, p.dtype, kTiles, kMlaTile, scales);
+      tile_amax(kv_c, p.dtype, kTiles, kMlaTile, kMlaTile, scales);
       for (float& s : scales) s = mla_tile_scale(s);
-      quantize_tiles(kv_c, p.dtype, kTiles, kMlaTile, scales, row);
+      quantize_tiles(kv_c, p.dtype, kTiles, kMlaTile, kMlaTile, scales, row);
       std::memcpy(row + kMlaScalesOffset, scales, sizeof(scales));
       // Rope values stored as bf16: bf16 input bit for bit, fp16 rounded to nearest even.
       const uint8_t* k_pe = elem(p.k_pe, t * p.k_pe_stride, p.dtype);
@@ -128,28 +139,34 @@ void mla_write(const MlaWriteParams& p) {
 void indexer_write(const IndexerWriteParams& p) {
   const bool split = p.placement == IndexerPlacement::kSplit;
   at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
-    alignas(64) uint8_t codes[kIndexerDim];
-    for (int64_t t = begin; t < end; ++t) {
-      if (t + kAhead < end && p.view.valid_slot(p.slots[t + kAhead])) {
-        const IndexerAddress n = indexer_address(p.view, p.slots[t + kAhead], p.placement);
-        if (!split) {  // codes stored in place: fetch them
-          __builtin_prefetch(p.view.base + n.codes, 1, 3);
-          __builtin_prefetch(p.view.base + n.codes + 127, 1, 3);
-        }
-        __builtin_prefetch(p.view.base + n.scale, 1, 3);
+    alignas(64) uint8_t codes[kBatch][kIndexerDim];
+    float scales[kBatch];
+    for (int64_t b = begin; b < end; b += kBatch) {
+      const int64_t n = std::min(kBatch, end - b);
+      // ask for the next batch's lines now, so they arrive while this one is computed: its
+      // inputs (the hardware prefetcher falls behind among the random stores) and its rows at
+      // random slots (padding tokens' codes are computed and dropped)
+      for (int64_t i = b + kBatch; i < std::min(b + 2 * kBatch, end); ++i) {
+        prefetch_lines(elem(p.k, i * p.k_stride, p.dtype), kIndexerDim * dtype_size(p.dtype));
+        if (!p.view.valid_slot(p.slots[i])) continue;
+        const IndexerAddress a = indexer_address(p.view, p.slots[i], p.placement);
+        if (!split) prefetch_lines(p.view.base + a.codes, kIndexerDim, true);  // codes stored in place
+        __builtin_prefetch(p.view.base + a.scale, 1, 3);
       }
-      const int64_t slot = p.slots[t];
-      if (!p.view.valid_slot(slot)) continue;
-      const uint8_t* k = elem(p.k, t * p.k_stride, p.dtype);
-      const float scale = indexer_scale(row_amax(k, p.dtype, kIndexerDim), p.ue8m0);
-      const IndexerAddress a = indexer_address(p.view, slot, p.placement);
-      uint8_t* dst = p.view.base + a.codes;
-      // split pages: 128 codes at 128-B steps, streamed; 132-B rows: in place (a streamed
-      // row would share its last line with the scale's regular store)
-      const bool stream = split && streams(dst, kIndexerDim);
-      quantize_row(k, p.dtype, kIndexerDim, scale, stream ? codes : dst);
-      if (stream) stream_row(dst, codes, kIndexerDim);
-      std::memcpy(p.view.base + a.scale, &scale, 4);
+      const uint8_t* k = elem(p.k, b * p.k_stride, p.dtype);
+      tile_amax(k, p.dtype, n, kIndexerDim, p.k_stride, scales);
+      for (int64_t i = 0; i < n; ++i) scales[i] = indexer_scale(scales[i], p.ue8m0);
+      quantize_tiles(k, p.dtype, n, kIndexerDim, p.k_stride, scales, codes[0]);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t slot = p.slots[b + i];
+        if (!p.view.valid_slot(slot)) continue;
+        const IndexerAddress a = indexer_address(p.view, slot, p.placement);
+        // split pages: 128 codes at 128-B steps, streamed; 132-B rows: in place (a streamed
+        // row would share its last line with the scale's regular store)
+        if (split) stream_row(p.view.base + a.codes, codes[i], kIndexerDim);
+        else std::memcpy(p.view.base + a.codes, codes[i], kIndexerDim);
+        std::memcpy(p.view.base + a.scale, &scales[i], 4);
+      }
     }
     store_fence();
   });
