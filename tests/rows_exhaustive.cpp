@@ -4,6 +4,8 @@
 // scales; every code decoded to bf16 / fp16 / fp32 under ordinary and extreme scales; amax with
 // NaN, inf and lengths that leave scalar tails. Prints "mismatches: N"; exit status 1 if any.
 #include <cstdio>
+#include <cstring>
+#include <emmintrin.h>
 #include <random>
 #include <utility>
 #include <vector>
@@ -22,6 +24,7 @@ struct Impl {
   void (*decode_row)(const uint8_t*, int64_t, float, DType, uint8_t*);
   void (*tile_amax)(const void*, DType, int64_t, int64_t, int64_t, float*);
   void (*quantize_tiles)(const void*, DType, int64_t, int64_t, int64_t, const float*, uint8_t*);
+  void (*stream_copy)(uint8_t*, const uint8_t*, int64_t);
 };
 
 static unsigned long long bad = 0;
@@ -89,6 +92,22 @@ static void compare(const Impl& simd) {
       expect_same("tile_amax", ma, mb, 0);
     }
   }
+  // Streaming copies: every 16-B offset in a line, lengths across several lines; the bytes
+  // around the destination untouched.
+  {
+    alignas(64) uint8_t src[1088], dst[1280];
+    for (int i = 0; i < 1088; ++i) src[i] = static_cast<uint8_t>(i * 37 + 11);
+    for (int64_t off = 0; off < 64; off += 16) {
+      for (int64_t bytes = 16; bytes <= 1088; bytes += 16) {
+        std::vector<uint8_t> want(1280, 0xA5);
+        std::memset(dst, 0xA5, sizeof(dst));
+        std::memcpy(want.data() + 64 + off, src + off / 16, bytes);
+        simd.stream_copy(dst + 64 + off, src + off / 16, bytes);
+        _mm_sfence();
+        expect_same("stream_copy", std::vector<uint8_t>(dst, dst + 1280), want, off * 10000 + bytes);
+      }
+    }
+  }
   // Every code decoded, scales including negative NaN, inf, the smallest normal and a huge one.
   std::vector<uint8_t> codes(256 * 3 + 5);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i * 7 + i / 256);
@@ -133,10 +152,10 @@ static void avx2_quantize_tiles(const void* src, DType t, int64_t tiles, int64_t
 int main() {
   const Impl impls[] = {
       {"avx2", kvc::cpu::avx2::supported, kvc::cpu::avx2::row_amax, kvc::cpu::avx2::quantize_row,
-       kvc::cpu::avx2::decode_row, avx2_tile_amax, avx2_quantize_tiles},
+       kvc::cpu::avx2::decode_row, avx2_tile_amax, avx2_quantize_tiles, kvc::cpu::scalar::stream_copy},
       {"avx512", kvc::cpu::avx512::supported, kvc::cpu::avx512::row_amax,
        kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row, kvc::cpu::avx512::tile_amax,
-       kvc::cpu::avx512::quantize_tiles}};
+       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy}};
   for (const Impl& simd : impls) {
     if (!simd.supported()) {
       std::printf("%s: not on this CPU, not compared\n", simd.name);

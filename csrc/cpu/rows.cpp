@@ -2,7 +2,12 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace kvc::cpu {
 
@@ -30,6 +35,15 @@ void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* __r
 
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
   for (int64_t i = 0; i < n; ++i) store_float(out, i, e4m3_decode(codes[i]) * scale, out_dtype);
+}
+
+void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+#if defined(__SSE2__)
+  for (int64_t i = 0; i < bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+#else
+  std::memcpy(dst, src, bytes);
+#endif
 }
 }  // namespace scalar
 
@@ -84,6 +98,11 @@ void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64
   if (kIsa == Isa::kAvx512) return avx512::quantize_tiles(src, t, tiles, tile, stride, scales, out);
   for (int64_t k = 0; k < tiles; ++k)
     quantize_row(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile, scales[k], out + k * tile);
+}
+
+void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+  if (kIsa == Isa::kAvx512) return avx512::stream_copy(dst, src, bytes);
+  scalar::stream_copy(dst, src, bytes);
 }
 
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {

@@ -28,10 +28,14 @@ void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64
 // out[i] = decoded codes[i] * scale, stored as `out_dtype` (bf16, fp16 or fp32; NaN canonical).
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 
+// bytes (a multiple of 16) from src to dst (16-B aligned) by streaming stores (stream.h).
+void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);
+
 namespace scalar {
 float row_amax(const void* src, DType t, int64_t n);
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
+void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);  // 16-B stores (SSE2)
 }  // namespace scalar
 
 namespace avx2 {
@@ -49,6 +53,7 @@ void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t st
 void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
                     uint8_t* out);
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
+void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);  // 64-B stores where dst allows
 }  // namespace avx512
 
 // The implementation the public functions use: "scalar", "avx2" or "avx512".

@@ -311,6 +311,16 @@ KVC_AVX512 void decode_row(const uint8_t* codes, int64_t n, float scale, DType o
   scalar::decode_row(codes + i, n - i, scale, out_dtype, out + i * es);
 }
 
+// 16-B stores up to dst's first 64-B boundary, whole lines by one store each, 16-B ones after.
+KVC_AVX512 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
+  int64_t i = 0;
+  for (; i < bytes && (reinterpret_cast<uintptr_t>(dst + i) & 63) != 0; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  for (; i + 64 <= bytes; i += 64) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
+  for (; i < bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+}
+
 }  // namespace kvc::cpu::avx512
 
 #else  // not x86-64 with GCC-style intrinsics: the scalar code everywhere
@@ -334,6 +344,7 @@ void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
   scalar::decode_row(codes, n, scale, out_dtype, out);
 }
+void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) { scalar::stream_copy(dst, src, bytes); }
 }  // namespace kvc::cpu::avx512
 
 #endif

@@ -10,6 +10,8 @@
 #include <emmintrin.h>
 #endif
 
+#include "rows.h"  // stream_copy
+
 namespace kvc::cpu {
 
 // Whether stream_row streams: rows under 64 B (small K/V heads) share most of their lines with
@@ -18,17 +20,9 @@ inline bool streams(const uint8_t* dst, int64_t bytes) {
   return (reinterpret_cast<uintptr_t>(dst) & 15) == 0 && bytes % 16 == 0 && bytes >= 64;
 }
 
-// bytes from src (16-B aligned) to dst: streaming stores when streams(dst, bytes), else a
-// plain copy.
+// bytes from src to dst: streaming stores when streams(dst, bytes), else a plain copy.
 inline void stream_row(uint8_t* dst, const uint8_t* src, int64_t bytes) {
-#if defined(__SSE2__)
-  if (streams(dst, bytes)) {
-    for (int64_t i = 0; i < bytes; i += 16)
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
-                       _mm_load_si128(reinterpret_cast<const __m128i*>(src + i)));
-    return;
-  }
-#endif
+  if (streams(dst, bytes)) return stream_copy(dst, src, bytes);
   std::memcpy(dst, src, bytes);
 }
 
