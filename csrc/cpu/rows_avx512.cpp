@@ -92,8 +92,9 @@ KVC_AVX512_INLINE __m512i sticky16(__m512i u) {
   return _mm512_mask_or_epi32(u, _mm512_test_epi32_mask(u, splat(0xFFFF)), u, splat(0x10000));
 }
 KVC_AVX512_INLINE __m512i bf16_odd_interleaved(__m512 even, __m512 odd) {
-  return _mm512_ternarylogic_epi32(splat(static_cast<int32_t>(0xFFFF0000u)), sticky16(_mm512_castps_si512(odd)),
-                                   _mm512_srli_epi32(sticky16(_mm512_castps_si512(even)), 16), 0xCA);
+  const __m512i pick = _mm512_set_epi16(63, 31, 61, 29, 59, 27, 57, 25, 55, 23, 53, 21, 51, 19, 49, 17,
+                                        47, 15, 45, 13, 43, 11, 41, 9, 39, 7, 37, 5, 35, 3, 33, 1);
+  return _mm512_permutex2var_epi16(sticky16(_mm512_castps_si512(even)), pick, sticky16(_mm512_castps_si512(odd)));
 }
 KVC_AVX512_INLINE __m512i high_words(__m512i lo, __m512i hi) {
   const __m512i odd_words = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
@@ -107,16 +108,22 @@ KVC_AVX512_INLINE __m512i bf16_odd_ordered(__m512 lo, __m512 hi) {
 // 32 codes from 32 such patterns a; bit 15 of each word of sign is the code's sign. Normal
 // range: round the 7 mantissa bits to 3 (nearest even) with the exponent rebased 127 -> 7,
 // computed as code << 8 so that the sign merges at bit 15 and the high bytes are the codes.
+// Up to a = 0x43E8 (464, which rounds to 448: every quotient of a tile by its own scale) no
+// clamp is needed; below 2^-6 (e4m3 subnormals), above 464 (saturation, inf) and NaN are rare
+// lanes, done over only when a group of 32 has one.
+KVC_AVX512_INLINE __m512i normal_code_words(__m512i c, __m512i sign) {
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(c, 4), _mm512_set1_epi16(1));
+  const __m512i r = _mm512_slli_epi16(_mm512_add_epi16(_mm512_add_epi16(c, _mm512_set1_epi16(7 - 0x3C00)), lsb), 4);
+  return _mm512_ternarylogic_epi32(r, sign, _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xF8);  // r | sign bit
+}
+
 KVC_AVX512_INLINE __m256i e4m3_codes32(__m512i a, __m512i sign) {
   const __m512i high_bit = _mm512_set1_epi16(static_cast<int16_t>(0x8000));
-  const __m512i c = _mm512_min_epu16(a, _mm512_set1_epi16(0x43E0));  // >= 448 (and inf): 0x7E
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi16(c, 4), _mm512_set1_epi16(1));
-  __m512i r = _mm512_slli_epi16(_mm512_add_epi16(_mm512_add_epi16(c, _mm512_set1_epi16(7 - 0x3C00)), lsb), 4);
-  r = _mm512_ternarylogic_epi32(r, sign, high_bit, 0xF8);  // r | (sign & 0x8000)
-  // below 2^-6 or NaN: unsigned a - 2^-6 beyond inf - 2^-6
+  __m512i r = normal_code_words(a, sign);
   const __mmask32 rare = _mm512_cmpgt_epu16_mask(_mm512_sub_epi16(a, _mm512_set1_epi16(0x3C80)),
-                                                 _mm512_set1_epi16(0x7F80 - 0x3C80));
+                                                 _mm512_set1_epi16(0x43E8 - 0x3C80));
   if (__builtin_expect(rare != 0, 0)) {
+    r = normal_code_words(_mm512_min_epu16(a, _mm512_set1_epi16(0x43E0)), sign);  // >= 448, inf: 0x7E
     const __m512i t = _mm512_subs_epu16(a, _mm512_set1_epi16(0x3A80));
     const __m512i idx = _mm512_srli_epi16(t, 4);
     __m512i sub = _mm512_permutexvar_epi16(idx, _mm512_load_si512(kSubnormalCodes.above));
@@ -200,7 +207,7 @@ KVC_AVX512 void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile,
       const uint16_t w = max_u16(m);
       top = t == DType::kBFloat16 ? bf16_to_float(w) : fp16_to_float(w);
     }
-    const float rest = scalar::row_amax(x + i * dtype_size(t), t, tile - i);
+    const float rest = i < tile ? scalar::row_amax(x + i * dtype_size(t), t, tile - i) : 0.0f;
     amax[k] = rest > top ? rest : top;
   }
 }
@@ -241,42 +248,52 @@ inline int32_t pow2_exponent(float s) {
   return (u & 0x7FFFFFu) == 0 && e >= -100 && e <= 100 ? e : kNotPow2;
 }
 
-// |x| / |s| (the IEEE quotient's magnitude), the sign of x / s attached by bits.
+// One tile: |x| / |s| (the IEEE quotient's magnitude), the sign of x / s attached by bits
+// (flipped for a negative scale).
+template <bool kNegative>
+KVC_AVX512_INLINE __m512i signs(__m512i sign) {
+  return kNegative ? _mm512_xor_si512(sign, _mm512_set1_epi16(static_cast<int16_t>(0x8000))) : sign;
+}
+
+template <DType T, bool kNegative>
+KVC_AVX512_INLINE void quantize_tile(const uint8_t* x, int64_t n, float scale, uint8_t* o) {
+  int64_t i = 0;
+  const int32_t e = pow2_exponent(scale);
+  if (T == DType::kBFloat16 && e != kNotPow2) {
+    // bf16 / 2^e is the bf16 pattern with e taken off its exponent field, exactly, while the
+    // quotient is normal; below that it is < 2^-26 (|e| <= 100), whose code is 0 either way,
+    // and above bf16's range it saturates to inf. NaN stays NaN.
+    const __m512i shift = _mm512_set1_epi16(static_cast<int16_t>(std::abs(e) << 7));
+    for (; i + 32 <= n; i += 32) {
+      const __m512i h = _mm512_loadu_si512(x + i * 2);
+      const __m512i m = _mm512_and_si512(h, _mm512_set1_epi16(0x7FFF));
+      __m512i a = e > 0 ? _mm512_subs_epu16(m, shift)
+                        : _mm512_min_epu16(_mm512_adds_epu16(m, shift), _mm512_set1_epi16(0x7F80));
+      a = _mm512_mask_mov_epi16(a, _mm512_cmpgt_epu16_mask(m, _mm512_set1_epi16(0x7F80)), m);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), e4m3_codes32(a, signs<kNegative>(h)));
+    }
+  }
+  const __m512 s = _mm512_set1_ps(std::fabs(scale));
+  for (; i + 32 <= n; i += 32) {
+    __m512i sign;
+    const __m512i a = quotients32<T>(x + i * dtype_size(T), s, &sign);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), e4m3_codes32(a, signs<kNegative>(sign)));
+  }
+  if (i == n) return;
+  const __m512 ss = _mm512_set1_ps(scale);
+  for (; i + 16 <= n; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i),
+                     _mm512_cvtepi32_epi8(e4m3_encode16(_mm512_div_ps(load16(x, T, i), ss))));
+  scalar::quantize_row(x + i * dtype_size(T), T, n - i, scale, o + i);
+}
+
 template <DType T>
 KVC_AVX512_INLINE void quantize_tiles_as(const void* src, int64_t tiles, int64_t tile, int64_t stride,
                                          const float* scales, uint8_t* out) {
   for (int64_t k = 0; k < tiles; ++k) {
     const uint8_t* x = static_cast<const uint8_t*>(src) + k * stride * dtype_size(T);
-    uint8_t* o = out + k * tile;
-    const float scale = scales[k];
-    const __m512 s = _mm512_set1_ps(std::fabs(scale));
-    const __m512i flip = _mm512_set1_epi16(std::signbit(scale) ? static_cast<int16_t>(0x8000) : 0);
-    int64_t i = 0;
-    const int32_t e = pow2_exponent(scale);
-    if (T == DType::kBFloat16 && e != kNotPow2) {
-      // bf16 / 2^e is the bf16 pattern with e taken off its exponent field, exactly, while the
-      // quotient is normal; below that it is < 2^-26 (|e| <= 100), whose code is 0 either way,
-      // and above bf16's range it saturates to inf. NaN stays NaN.
-      const __m512i shift = _mm512_set1_epi16(static_cast<int16_t>(std::abs(e) << 7));
-      for (; i + 32 <= tile; i += 32) {
-        const __m512i h = _mm512_loadu_si512(x + i * 2);
-        const __m512i m = _mm512_and_si512(h, _mm512_set1_epi16(0x7FFF));
-        __m512i a = e > 0 ? _mm512_subs_epu16(m, shift)
-                          : _mm512_min_epu16(_mm512_adds_epu16(m, shift), _mm512_set1_epi16(0x7F80));
-        a = _mm512_mask_mov_epi16(a, _mm512_cmpgt_epu16_mask(m, _mm512_set1_epi16(0x7F80)), m);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), e4m3_codes32(a, _mm512_xor_si512(h, flip)));
-      }
-    }
-    for (; i + 32 <= tile; i += 32) {
-      __m512i sign;
-      const __m512i a = quotients32<T>(x + i * dtype_size(T), s, &sign);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), e4m3_codes32(a, _mm512_xor_si512(sign, flip)));
-    }
-    const __m512 ss = _mm512_set1_ps(scale);
-    for (; i + 16 <= tile; i += 16)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i),
-                       _mm512_cvtepi32_epi8(e4m3_encode16(_mm512_div_ps(load16(x, T, i), ss))));
-    scalar::quantize_row(x + i * dtype_size(T), T, tile - i, scale, o + i);
+    if (std::signbit(scales[k])) quantize_tile<T, true>(x, tile, scales[k], out + k * tile);
+    else quantize_tile<T, false>(x, tile, scales[k], out + k * tile);
   }
 }
 
