@@ -150,24 +150,136 @@ KVC_AVX2 float row_amax(const void* src, DType t, int64_t n) {
   return rest > tail ? rest : tail;
 }
 
-// IEEE division, as the scalar code: on these CPUs the integer encoding, not the division,
-// bounds the loop (a multiply-by-reciprocal variant with an exactness check measured slower).
-KVC_AVX2 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
-  const __m256 s = _mm256_set1_ps(scale);
-  int64_t i = 0;
-  // 32 codes at a time, packed 32 -> 16 -> 8 bits (codes are <= 0xFF: no saturation) and put
-  // back in order by one dword permutation: five instructions instead of four per 8 codes.
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  for (; i + 32 <= n; i += 32) {
-    const __m256i a = e4m3_encode8(_mm256_div_ps(load8(src, t, i), s));
-    const __m256i b = e4m3_encode8(_mm256_div_ps(load8(src, t, i + 8), s));
-    const __m256i c = e4m3_encode8(_mm256_div_ps(load8(src, t, i + 16), s));
-    const __m256i d = e4m3_encode8(_mm256_div_ps(load8(src, t, i + 24), s));
-    const __m256i bytes = _mm256_packus_epi16(_mm256_packus_epi32(a, b), _mm256_packus_epi32(c, d));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm256_permutevar8x32_epi32(bytes, order));
+namespace {
+
+// The AVX-512 file's encoder (see there) on 16 lanes of 16 bits: |q| cut to bf16 rounded to odd,
+// normal-range codes by one rounding of that pattern; a group with a rare lane (below 2^-6,
+// above 464, NaN) is encoded again by e4m3_encode8 from those patterns' float values, which
+// round to the same codes.
+KVC_AVX2_INLINE __m256i sticky16(__m256i u) {  // bit 16 |= any of bits 0-15 (bits 0-15 dropped after)
+  return _mm256_or_si256(u, _mm256_add_epi32(_mm256_and_si256(u, splat(0xFFFF)), splat(0xFFFF)));
+}
+KVC_AVX2_INLINE __m256i bf16_odd_interleaved(__m256 even, __m256 odd) {
+  return _mm256_blend_epi16(_mm256_srli_epi32(sticky16(_mm256_castps_si256(even)), 16),
+                            sticky16(_mm256_castps_si256(odd)), 0xAA);
+}
+KVC_AVX2_INLINE __m256i high_words(__m256i lo, __m256i hi) {  // elements 0-7, 8-15 -> in order
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_srli_epi32(lo, 16), _mm256_srli_epi32(hi, 16)), 0xD8);
+}
+KVC_AVX2_INLINE __m256i bf16_odd_ordered(__m256 lo, __m256 hi) {
+  return high_words(sticky16(_mm256_castps_si256(lo)), sticky16(_mm256_castps_si256(hi)));
+}
+
+KVC_AVX2_INLINE __m128i e4m3_codes16(__m256i a, __m256i sign) {
+  const __m256i high_bit = _mm256_set1_epi16(static_cast<int16_t>(0x8000));
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi16(a, 4), _mm256_set1_epi16(1));
+  __m256i r = _mm256_slli_epi16(_mm256_add_epi16(_mm256_add_epi16(a, _mm256_set1_epi16(7 - 0x3C00)), lsb), 4);
+  r = _mm256_or_si256(r, _mm256_and_si256(sign, high_bit));
+  const __m256i beyond = _mm256_subs_epu16(_mm256_sub_epi16(a, _mm256_set1_epi16(0x3C80)),
+                                           _mm256_set1_epi16(0x43E8 - 0x3C80));
+  if (__builtin_expect(!_mm256_testz_si256(beyond, beyond), 0)) {
+    const __m256i sign32 = splat(static_cast<int32_t>(0x80000000u));
+    const __m256 even = _mm256_castsi256_ps(_mm256_or_si256(_mm256_slli_epi32(a, 16),
+                                                            _mm256_and_si256(_mm256_slli_epi32(sign, 16), sign32)));
+    const __m256 odd = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(a, splat(static_cast<int32_t>(0xFFFF0000u))),
+                                                           _mm256_and_si256(sign, sign32)));
+    r = _mm256_slli_epi16(_mm256_or_si256(e4m3_encode8(even), _mm256_slli_epi32(e4m3_encode8(odd), 16)), 8);
   }
-  for (; i + 8 <= n; i += 8) store_low_bytes8(e4m3_encode8(_mm256_div_ps(load8(src, t, i), s)), out + i);
-  scalar::quantize_row(static_cast<const uint8_t*>(src) + i * dtype_size(t), t, n - i, scale, out + i);
+  const __m256i pick = _mm256_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_shuffle_epi8(r, pick), 0x08));
+}
+
+template <bool kNegative>
+KVC_AVX2_INLINE __m256i signs(__m256i sign) {
+  return kNegative ? _mm256_xor_si256(sign, _mm256_set1_epi16(static_cast<int16_t>(0x8000))) : sign;
+}
+
+// 16 values from x as bf16 patterns of |x| / s rounded to odd, and their signs (bit 15).
+template <DType T>
+KVC_AVX2_INLINE __m256i quotients16(const uint8_t* x, __m256 s, __m256i* sign) {
+  if constexpr (T == DType::kFloat32) {
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32));
+    const __m256i abs = splat(0x7FFFFFFF);
+    *sign = high_words(lo, hi);
+    return bf16_odd_ordered(_mm256_div_ps(_mm256_castsi256_ps(_mm256_and_si256(lo, abs)), s),
+                            _mm256_div_ps(_mm256_castsi256_ps(_mm256_and_si256(hi, abs)), s));
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i m = _mm256_and_si256(h, _mm256_set1_epi16(0x7FFF));
+    *sign = h;
+    if constexpr (T == DType::kBFloat16)
+      return bf16_odd_interleaved(_mm256_div_ps(_mm256_castsi256_ps(_mm256_slli_epi32(m, 16)), s),
+                                  _mm256_div_ps(_mm256_castsi256_ps(_mm256_andnot_si256(splat(0xFFFF), m)), s));
+    return bf16_odd_ordered(_mm256_div_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(m)), s),
+                            _mm256_div_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(m, 1)), s));
+  }
+}
+
+// e when |s| = 2^e with |e| <= 100, else kNotPow2 (as in the AVX-512 file).
+constexpr int32_t kNotPow2 = 1 << 30;
+inline int32_t pow2_exponent(float s) {
+  const uint32_t u = float_bits(s) & 0x7FFFFFFFu;
+  const int32_t e = static_cast<int32_t>(u >> 23) - 127;
+  return (u & 0x7FFFFFu) == 0 && e >= -100 && e <= 100 ? e : kNotPow2;
+}
+
+template <DType T, bool kNegative>
+KVC_AVX2_INLINE void quantize_tile(const uint8_t* x, int64_t n, float scale, uint8_t* o) {
+  int64_t i = 0;
+  const int32_t e = pow2_exponent(scale);
+  if (T == DType::kBFloat16 && e != kNotPow2) {  // exponent arithmetic, as in the AVX-512 file
+    const __m256i shift = _mm256_set1_epi16(static_cast<int16_t>(std::abs(e) << 7));
+    const __m256i inf = _mm256_set1_epi16(0x7F80);
+    for (; i + 16 <= n; i += 16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i * 2));
+      const __m256i m = _mm256_and_si256(h, _mm256_set1_epi16(0x7FFF));
+      __m256i a = e > 0 ? _mm256_subs_epu16(m, shift) : _mm256_min_epu16(_mm256_adds_epu16(m, shift), inf);
+      a = _mm256_blendv_epi8(a, m, _mm256_cmpgt_epi16(m, inf));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i), e4m3_codes16(a, signs<kNegative>(h)));
+    }
+  }
+  const __m256 s = _mm256_set1_ps(std::fabs(scale));
+  for (; i + 16 <= n; i += 16) {
+    __m256i sign;
+    const __m256i a = quotients16<T>(x + i * dtype_size(T), s, &sign);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(o + i), e4m3_codes16(a, signs<kNegative>(sign)));
+  }
+  if (i == n) return;
+  const __m256 ss = _mm256_set1_ps(scale);
+  for (; i + 8 <= n; i += 8) store_low_bytes8(e4m3_encode8(_mm256_div_ps(load8(x, T, i), ss)), o + i);
+  scalar::quantize_row(x + i * dtype_size(T), T, n - i, scale, o + i);
+}
+
+template <DType T>
+KVC_AVX2_INLINE void quantize_tiles_as(const void* src, int64_t tiles, int64_t tile, int64_t stride,
+                                       const float* scales, uint8_t* out) {
+  for (int64_t k = 0; k < tiles; ++k) {
+    const uint8_t* x = static_cast<const uint8_t*>(src) + k * stride * dtype_size(T);
+    if (std::signbit(scales[k])) quantize_tile<T, true>(x, tile, scales[k], out + k * tile);
+    else quantize_tile<T, false>(x, tile, scales[k], out + k * tile);
+  }
+}
+
+}  // namespace
+
+KVC_AVX2 void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride,
+                             const float* scales, uint8_t* out) {
+  switch (t) {
+    case DType::kBFloat16: return quantize_tiles_as<DType::kBFloat16>(src, tiles, tile, stride, scales, out);
+    case DType::kFloat16: return quantize_tiles_as<DType::kFloat16>(src, tiles, tile, stride, scales, out);
+    default: return quantize_tiles_as<DType::kFloat32>(src, tiles, tile, stride, scales, out);
+  }
+}
+
+KVC_AVX2 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
+  quantize_tiles(src, t, 1, n, n, &scale, out);
+}
+
+KVC_AVX2 void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
+  for (int64_t k = 0; k < tiles; ++k)
+    amax[k] = row_amax(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile);
 }
 
 KVC_AVX2 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
@@ -200,6 +312,16 @@ void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out
 }
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
   scalar::decode_row(codes, n, scale, out_dtype, out);
+}
+void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
+  for (int64_t k = 0; k < tiles; ++k)
+    amax[k] = scalar::row_amax(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile);
+}
+void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
+                    uint8_t* out) {
+  for (int64_t k = 0; k < tiles; ++k)
+    scalar::quantize_row(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile, scales[k],
+                         out + k * tile);
 }
 }  // namespace kvc::cpu::avx2
 
