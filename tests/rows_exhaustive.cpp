@@ -3,6 +3,7 @@
 // with a power-of-two, a non-power-of-two and a negative scale; every bf16 / fp16 pattern with several
 // scales; every code decoded to bf16 / fp16 / fp32 under ordinary and extreme scales; amax with
 // NaN, inf and lengths that leave scalar tails. Prints "mismatches: N"; exit status 1 if any.
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <emmintrin.h>
@@ -111,8 +112,14 @@ static void compare(const Impl& simd) {
   // Every code decoded, scales including negative NaN, inf, the smallest normal and a huge one.
   std::vector<uint8_t> codes(256 * 3 + 5);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i * 7 + i / 256);
+  std::vector<float> decode_scales{1.0f, 0.3f, 1.1754944e-38f, 3.0e38f, 2.0e-3f, nan, inf, -0.7f, 0x1p100f,
+                                   0x1p-100f, 0x1.fffffep99f, 0x1.000002p-100f, 0x1p101f, 0x1p-101f};
+  std::mt19937 gs(7);  // and random scales over the whole fast range, both signs
+  for (int i = 0; i < 2000; ++i)
+    decode_scales.push_back(std::ldexp(1.0f + static_cast<float>(gs() % (1u << 23)) / (1u << 23),
+                                       static_cast<int>(gs() % 201) - 100) * (i % 3 ? 1.0f : -1.0f));
   for (DType t : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
-    for (float scale : {1.0f, 0.3f, 1.1754944e-38f, 3.0e38f, 2.0e-3f, nan, inf}) {
+    for (float scale : decode_scales) {
       const size_t bytes = codes.size() * kvc::dtype_size(t);
       std::vector<uint8_t> a(bytes), b(bytes);
       simd.decode_row(codes.data(), codes.size(), scale, t, a.data());
@@ -144,6 +151,10 @@ int main() {
        kvc::cpu::scalar::stream_copy},
       {"avx512", kvc::cpu::avx512::supported, kvc::cpu::avx512::row_amax,
        kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row, kvc::cpu::avx512::tile_amax,
+       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy},
+      // the same with bf16 decoding by the AVX512-BF16 conversion
+      {"avx512-bf16", kvc::cpu::avx512::bf16_supported, kvc::cpu::avx512::row_amax,
+       kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row_bf16, kvc::cpu::avx512::tile_amax,
        kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy}};
   for (const Impl& simd : impls) {
     if (!simd.supported()) {

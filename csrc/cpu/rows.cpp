@@ -65,6 +65,7 @@ Isa pick_isa() {
 }
 
 const Isa kIsa = pick_isa();
+const bool kBf16 = kIsa == Isa::kAvx512 && avx512::bf16_supported();
 }  // namespace
 
 const char* isa() {
@@ -109,7 +110,9 @@ void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
 
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
   switch (kIsa) {
-    case Isa::kAvx512: return avx512::decode_row(codes, n, scale, out_dtype, out);
+    case Isa::kAvx512:
+      return kBf16 ? avx512::decode_row_bf16(codes, n, scale, out_dtype, out)
+                   : avx512::decode_row(codes, n, scale, out_dtype, out);
     case Isa::kAvx2: return avx2::decode_row(codes, n, scale, out_dtype, out);
     default: return scalar::decode_row(codes, n, scale, out_dtype, out);
   }

@@ -57,6 +57,8 @@ void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64
                     uint8_t* out);
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);  // 64-B stores where dst allows
+bool bf16_supported();  // and AVX512-BF16: decode_row_bf16 converts to bf16 in hardware
+void decode_row_bf16(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 }  // namespace avx512
 
 // The implementation the public functions use: "scalar", "avx2" or "avx512".

@@ -25,6 +25,7 @@
 
 #define KVC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c")))
 #define KVC_AVX512_INLINE __attribute__((target("avx512f,avx512bw,avx512vl,avx2,f16c"), always_inline)) inline
+#define KVC_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,f16c")))
 
 namespace kvc::cpu::avx512 {
 namespace {
@@ -310,10 +311,44 @@ KVC_AVX512 void quantize_row(const void* src, DType t, int64_t n, float scale, u
   quantize_tiles(src, t, 1, n, n, &scale, out);
 }
 
+// 32 codes as fp16 numbers 2^-8 times their values (see the top of the file), in 32 words.
+KVC_AVX512_INLINE __m512i codes_as_fp16(__m512i c) {  // c: one code per word
+  // c << 8 puts the sign at bit 15 and the rest at 8-14; an arithmetic shift by 1 moves the rest
+  // to 7-13 and copies the sign into bit 14, which the mask clears
+  return _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(c, 8), 1), _mm512_set1_epi16(static_cast<int16_t>(0xBFFF)));
+}
+
+// Codes with (c & 0x7F) == 0x7F are NaN.
+KVC_AVX512_INLINE __mmask32 nan_codes(__m512i c) {
+  return _mm512_cmpeq_epi16_mask(_mm512_and_si512(c, _mm512_set1_epi16(0x7F)), _mm512_set1_epi16(0x7F));
+}
+
+// Scales with 2^-100 <= |s| <= 2^100 (every tile scale in practice) make each product of a
+// code's value (0 or >= 2^-9 in magnitude) a normal float or 0, and 256 s exact: 32 codes per
+// step through the hardware fp16 widening. Other scales, fp16 output and tails: 16 at a time.
+inline bool decodes_fast(float scale) {
+  const float a = std::fabs(scale);
+  return a >= 0x1p-100f && a <= 0x1p100f;
+}
+
 KVC_AVX512 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
-  const __m512 s = _mm512_set1_ps(scale);
   const int64_t es = dtype_size(out_dtype);
   int64_t i = 0;
+  if (out_dtype == DType::kFloat32 && decodes_fast(scale)) {
+    const __m512 s = _mm512_set1_ps(scale * 256.0f);
+    const __m512 nan = _mm512_castsi512_ps(splat(static_cast<int32_t>(kCanonicalNanBits)));
+    for (; i + 32 <= n; i += 32) {
+      const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)));
+      const __m512i h = codes_as_fp16(c);
+      const __mmask32 bad = nan_codes(c);
+      float* o = reinterpret_cast<float*>(out) + i;
+      _mm512_storeu_ps(o, _mm512_mask_mov_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), s),
+                                             static_cast<__mmask16>(bad), nan));
+      _mm512_storeu_ps(o + 16, _mm512_mask_mov_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), s),
+                                                  static_cast<__mmask16>(bad >> 16), nan));
+    }
+  }
+  const __m512 s = _mm512_set1_ps(scale);
   for (; i + 16 <= n; i += 16) {
     const __m512 v = _mm512_mul_ps(e4m3_decode16(codes + i), s);
     uint8_t* o = out + i * es;
@@ -325,7 +360,29 @@ KVC_AVX512 void decode_row(const uint8_t* codes, int64_t n, float scale, DType o
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_cvtepi32_epi16(r));
     }
   }
-  scalar::decode_row(codes + i, n - i, scale, out_dtype, out + i * es);
+  if (i < n) scalar::decode_row(codes + i, n - i, scale, out_dtype, out + i * es);
+}
+
+// bf16 output by the AVX512-BF16 conversion, which rounds to nearest even as float_to_bf16
+// does for normal floats (it reads subnormals as 0, which decodes_fast rules out).
+KVC_AVX512_BF16 void decode_row_bf16(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
+  if (out_dtype != DType::kBFloat16 || !decodes_fast(scale)) return decode_row(codes, n, scale, out_dtype, out);
+  const __m512 s = _mm512_set1_ps(scale * 256.0f);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)));
+    const __m512i h = codes_as_fp16(c);
+    const __m512 lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), s);
+    const __m512 hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), s);
+    const __m512i r = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // words 0-15 from lo
+    _mm512_storeu_si512(out + i * 2, _mm512_mask_mov_epi16(r, nan_codes(c), _mm512_set1_epi16(0x7FC0)));
+  }
+  if (i < n) decode_row(codes + i, n - i, scale, out_dtype, out + i * 2);
+}
+
+bool bf16_supported() {
+  __builtin_cpu_init();
+  return supported() && __builtin_cpu_supports("avx512bf16");
 }
 
 // 16-B stores up to dst's first 64-B boundary, whole lines by one store each, 16-B ones after.
@@ -362,6 +419,10 @@ void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, u
   scalar::decode_row(codes, n, scale, out_dtype, out);
 }
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) { scalar::stream_copy(dst, src, bytes); }
+bool bf16_supported() { return false; }
+void decode_row_bf16(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
+  scalar::decode_row(codes, n, scale, out_dtype, out);
+}
 }  // namespace kvc::cpu::avx512
 
 #endif
