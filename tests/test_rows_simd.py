@@ -44,7 +44,8 @@ def test_every_cpu_isa_gives_the_same_op_bytes():
             "kvc.ops.dsa_write(x[:, :512], x[:, 512:], c.view('mla', 0), k.to(torch.bfloat16), c.view('idx', 0), s)\n"
             "kvc.ops.indexer_k_quant_and_cache(k, c.view('idx', 0), s.flip(0))\n"
             "out = kvc.ops.gather_mla_slots(c.view('mla', 0), s, dtype=torch.float32)\n"
-            "print(hashlib.sha256(c.buffer.numpy().tobytes() + out.numpy().tobytes()).hexdigest())\n")
+            "bf = kvc.ops.gather_mla_slots(c.view('mla', 0), s, dtype=torch.bfloat16).view(torch.int16)\n"
+            "print(hashlib.sha256(c.buffer.numpy().tobytes() + out.numpy().tobytes() + bf.numpy().tobytes()).hexdigest())\n")
     digests = {}
     for isa in ("scalar", "avx2", "avx512", "bogus"):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
