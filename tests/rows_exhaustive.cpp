@@ -26,6 +26,7 @@ struct Impl {
   void (*tile_amax)(const void*, DType, int64_t, int64_t, int64_t, float*);
   void (*quantize_tiles)(const void*, DType, int64_t, int64_t, int64_t, const float*, uint8_t*);
   void (*stream_copy)(uint8_t*, const uint8_t*, int64_t);
+  void (*e2m1_blocks)(const uint16_t*, int64_t, const int32_t*, uint8_t*);  // null: the scalar loop's
 };
 
 static unsigned long long bad = 0;
@@ -93,6 +94,17 @@ static void compare(const Impl& simd) {
       expect_same("tile_amax", ma, mb, 0);
     }
   }
+  // MXFP4 codes: every bf16 pattern (2048 blocks of 32) under every block exponent.
+  if (simd.e2m1_blocks != nullptr) {
+    constexpr int64_t kBlocks = 2048;
+    for (int32_t e = -127; e <= 127; ++e) {
+      const std::vector<int32_t> exps(kBlocks, e);
+      std::vector<uint8_t> a(kBlocks * 16), b(kBlocks * 16);
+      simd.e2m1_blocks(h.data(), kBlocks, exps.data(), a.data());
+      kvc::cpu::scalar::e2m1_blocks(h.data(), kBlocks, exps.data(), b.data());
+      expect_same("e2m1", a, b, static_cast<uint64_t>(e + 127) << 16);
+    }
+  }
   // Streaming copies: every 16-B offset in a line, lengths across several lines; the bytes
   // around the destination untouched.
   {
@@ -148,14 +160,14 @@ int main() {
   const Impl impls[] = {
       {"avx2", kvc::cpu::avx2::supported, kvc::cpu::avx2::row_amax, kvc::cpu::avx2::quantize_row,
        kvc::cpu::avx2::decode_row, kvc::cpu::avx2::tile_amax, kvc::cpu::avx2::quantize_tiles,
-       kvc::cpu::scalar::stream_copy},
+       kvc::cpu::scalar::stream_copy, nullptr},
       {"avx512", kvc::cpu::avx512::supported, kvc::cpu::avx512::row_amax,
        kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row, kvc::cpu::avx512::tile_amax,
-       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy},
+       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy, kvc::cpu::avx512::e2m1_blocks},
       // the same with bf16 decoding by the AVX512-BF16 conversion
       {"avx512-bf16", kvc::cpu::avx512::bf16_supported, kvc::cpu::avx512::row_amax,
        kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row_bf16, kvc::cpu::avx512::tile_amax,
-       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy}};
+       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy, kvc::cpu::avx512::e2m1_blocks}};
   for (const Impl& simd : impls) {
     if (!simd.supported()) {
       std::printf("%s: not on this CPU, not compared\n", simd.name);

@@ -1,5 +1,7 @@
 #include "rows.h"
 
+#include "../v4_rows.h"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -35,6 +37,19 @@ void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* __r
 
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
   for (int64_t i = 0; i < n; ++i) store_float(out, i, e4m3_decode(codes[i]) * scale, out_dtype);
+}
+
+void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint16_t* block = x + b * kMxfp4Block;
+    const float m = pow2f(-exps[b]);
+    float v[kMxfp4Block];  // separate 32-bit passes, so each vectorizes
+    uint32_t c[kMxfp4Block];
+    for (int64_t i = 0; i < kMxfp4Block; ++i) v[i] = bf16_to_float(block[i]) * m;
+    for (int64_t i = 0; i < kMxfp4Block; ++i) c[i] = e2m1_encode(v[i]);
+    for (int64_t i = 0; i < kMxfp4Block / 2; ++i)
+      packed[b * kMxfp4Block / 2 + i] = static_cast<uint8_t>(c[2 * i] | (c[2 * i + 1] << 4));
+  }
 }
 
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
@@ -101,6 +116,11 @@ void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64
   if (kIsa == Isa::kAvx2) return avx2::quantize_tiles(src, t, tiles, tile, stride, scales, out);
   for (int64_t k = 0; k < tiles; ++k)
     quantize_row(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile, scales[k], out + k * tile);
+}
+
+void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
+  if (kIsa == Isa::kAvx512) return avx512::e2m1_blocks(x, blocks, exps, packed);
+  scalar::e2m1_blocks(x, blocks, exps, packed);
 }
 
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {

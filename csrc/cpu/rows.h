@@ -31,11 +31,16 @@ void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, u
 // bytes (a multiple of 16) from src to dst (16-B aligned) by streaming stores (stream.h).
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);
 
+// MXFP4 (v4_rows.h): blocks of 32 bf16 values x, block b's codes e2m1(x / 2^exps[b]) packed
+// two per byte (even value in the low nibble) at packed + 16 b. exps[b] in [-127, 127].
+void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
+
 namespace scalar {
 float row_amax(const void* src, DType t, int64_t n);
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);  // 16-B stores (SSE2)
+void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
 }  // namespace scalar
 
 namespace avx2 {
@@ -59,6 +64,7 @@ void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, u
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);  // 64-B stores where dst allows
 bool bf16_supported();  // and AVX512-BF16: decode_row_bf16 converts to bf16 in hardware
 void decode_row_bf16(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
+void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
 }  // namespace avx512
 
 // The implementation the public functions use: "scalar", "avx2" or "avx512".

@@ -17,6 +17,8 @@
 // (e4m3 subnormals) or NaN take a table path only when a group of 32 has one.
 #include "rows.h"
 
+#include "../v4_rows.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 // GCC 12's avx512fintrin.h seeds some intrinsics with _mm512_undefined_*(), which
 // -Wmaybe-uninitialized reports inside the header (a known false positive).
@@ -380,6 +382,33 @@ KVC_AVX512_BF16 void decode_row_bf16(const uint8_t* codes, int64_t n, float scal
   if (i < n) decode_row(codes + i, n - i, scale, out_dtype, out + i * 2);
 }
 
+// e2m1 codes by 16-bit lanes: x / 2^e is x's bf16 pattern with e taken off its exponent field
+// (exact while normal; below that < 2^-26 and coded 0 either way, for e >= -100), and the code's
+// magnitude counts the rounding thresholds the pattern passes (patterns order as values).
+// Blocks holding inf or NaN, or with e < -100, take the scalar loop.
+KVC_AVX512 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
+  // |v| > 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5, >= 3.5, > 5 as bf16 patterns (>= t as > t - 1)
+  constexpr int16_t kAbove[] = {0x3E80, 0x3F3F, 0x3FA0, 0x3FDF, 0x4020, 0x405F, 0x40A0};
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int32_t e = exps[b];
+    const __m512i h = _mm512_loadu_si512(x + b * kMxfp4Block);
+    const __m512i m = _mm512_and_si512(h, _mm512_set1_epi16(0x7FFF));
+    if (e < -100 || _mm512_cmpge_epu16_mask(m, _mm512_set1_epi16(0x7F80)) != 0) {
+      scalar::e2m1_blocks(x + b * kMxfp4Block, 1, &exps[b], packed + b * kMxfp4Block / 2);
+      continue;
+    }
+    const __m512i shift = _mm512_set1_epi16(static_cast<int16_t>((e < 0 ? -e : e) << 7));
+    const __m512i a = e >= 0 ? _mm512_subs_epu16(m, shift) : _mm512_adds_epu16(m, shift);
+    __m512i code = _mm512_setzero_si512();
+    for (int16_t t : kAbove)
+      code = _mm512_mask_add_epi16(code, _mm512_cmpgt_epu16_mask(a, _mm512_set1_epi16(t)), code, _mm512_set1_epi16(1));
+    code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(h, 12), _mm512_set1_epi16(8), 0xF8);  // | sign
+    // word pairs (even, odd) -> one byte: even | odd << 4
+    const __m512i pairs = _mm512_or_si512(code, _mm512_srli_epi32(code, 12));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + b * kMxfp4Block / 2), _mm512_cvtepi32_epi8(pairs));
+  }
+}
+
 bool bf16_supported() {
   __builtin_cpu_init();
   return supported() && __builtin_cpu_supports("avx512bf16");
@@ -420,6 +449,9 @@ void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, u
 }
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) { scalar::stream_copy(dst, src, bytes); }
 bool bf16_supported() { return false; }
+void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
+  scalar::e2m1_blocks(x, blocks, exps, packed);
+}
 void decode_row_bf16(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
   scalar::decode_row(codes, n, scale, out_dtype, out);
 }

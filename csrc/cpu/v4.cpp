@@ -38,18 +38,14 @@ void mla_row(const uint16_t* x, bool scale_floor, uint8_t* data, uint8_t* scales
 }
 
 void mxfp4_row(const uint16_t* x, uint8_t* packed, uint8_t* scales) {
+  float amax[kMxfp4ScaleBytes];
+  int32_t e[kMxfp4ScaleBytes];
+  tile_amax(x, DType::kBFloat16, kMxfp4ScaleBytes, kMxfp4Block, kMxfp4Block, amax);
   for (int64_t b = 0; b < kMxfp4ScaleBytes; ++b) {
-    const uint16_t* block = x + b * kMxfp4Block;
-    const int32_t e = mxfp4_exponent(row_amax(block, DType::kBFloat16, kMxfp4Block));
-    const float m = pow2f(-e);
-    float v[kMxfp4Block];  // separate 32-bit passes, so each vectorizes
-    uint32_t c[kMxfp4Block];
-    for (int64_t i = 0; i < kMxfp4Block; ++i) v[i] = bf16_to_float(block[i]) * m;
-    for (int64_t i = 0; i < kMxfp4Block; ++i) c[i] = e2m1_encode(v[i]);
-    for (int64_t i = 0; i < kMxfp4Block / 2; ++i)
-      packed[b * kMxfp4Block / 2 + i] = static_cast<uint8_t>(c[2 * i] | (c[2 * i + 1] << 4));
-    scales[b] = static_cast<uint8_t>(e + 127);
+    e[b] = mxfp4_exponent(amax[b]);
+    scales[b] = static_cast<uint8_t>(e[b] + 127);
   }
+  e2m1_blocks(x, kMxfp4ScaleBytes, e, packed);
 }
 
 // MXFP4 decoding by lookup: the output word (bf16 or fp32 bits) of every (scale byte, code),
