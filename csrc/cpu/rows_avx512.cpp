@@ -120,11 +120,12 @@ KVC_AVX512_INLINE __m512i normal_code_words(__m512i c, __m512i sign) {
   return _mm512_ternarylogic_epi32(r, sign, _mm512_set1_epi16(static_cast<int16_t>(0x8000)), 0xF8);  // r | sign bit
 }
 
-KVC_AVX512_INLINE __m256i e4m3_codes32(__m512i a, __m512i sign) {
+// nan: lanes known to be NaN whatever a holds.
+KVC_AVX512_INLINE __m256i e4m3_codes32(__m512i a, __m512i sign, __mmask32 nan = 0) {
   const __m512i high_bit = _mm512_set1_epi16(static_cast<int16_t>(0x8000));
   __m512i r = normal_code_words(a, sign);
   const __mmask32 rare = _mm512_cmpgt_epu16_mask(_mm512_sub_epi16(a, _mm512_set1_epi16(0x3C80)),
-                                                 _mm512_set1_epi16(0x43E8 - 0x3C80));
+                                                 _mm512_set1_epi16(0x43E8 - 0x3C80)) | nan;
   if (__builtin_expect(rare != 0, 0)) {
     r = normal_code_words(_mm512_min_epu16(a, _mm512_set1_epi16(0x43E0)), sign);  // >= 448, inf: 0x7E
     const __m512i t = _mm512_subs_epu16(a, _mm512_set1_epi16(0x3A80));
@@ -134,7 +135,7 @@ KVC_AVX512_INLINE __m256i e4m3_codes32(__m512i a, __m512i sign) {
                                         _mm512_load_si512(kSubnormalCodes.exact));
     sub = _mm512_ternarylogic_epi32(_mm512_slli_epi16(sub, 8), sign, high_bit, 0xF8);
     r = _mm512_mask_mov_epi16(r, _mm512_cmplt_epu16_mask(a, _mm512_set1_epi16(0x3C80)), sub);
-    r = _mm512_mask_mov_epi16(r, _mm512_cmpgt_epu16_mask(a, _mm512_set1_epi16(0x7F80)), _mm512_set1_epi16(0x7F00));
+    r = _mm512_mask_mov_epi16(r, _mm512_cmpgt_epu16_mask(a, _mm512_set1_epi16(0x7F80)) | nan, _mm512_set1_epi16(0x7F00));
   }
   // high bytes of the 32 words: per 128-bit lane into its low 8 bytes, then the lanes' halves
   const __m512i pick = _mm512_set4_epi32(-1, -1, 0x0F0D0B09, 0x07050301);
@@ -258,23 +259,30 @@ KVC_AVX512_INLINE __m512i signs(__m512i sign) {
   return kNegative ? _mm512_xor_si512(sign, _mm512_set1_epi16(static_cast<int16_t>(0x8000))) : sign;
 }
 
+// bf16 / 2^e is the bf16 pattern with e taken off its exponent field, exactly, while both are
+// normal; otherwise the quotient is < 2^-26 (|e| <= 100), whose code is 0 either way, or it
+// saturates to inf. NaN lanes are passed on as such. Returns how many values were coded.
+template <bool kNegative, bool kDown>
+KVC_AVX512_INLINE int64_t pow2_codes(const uint8_t* x, int64_t n, int32_t abs_e, uint8_t* o) {
+  const __m512i shift = _mm512_set1_epi16(static_cast<int16_t>(abs_e << 7));
+  const __m512i inf = _mm512_set1_epi16(0x7F80);
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512i h = _mm512_loadu_si512(x + i * 2);
+    const __m512i m = _mm512_and_si512(h, _mm512_set1_epi16(0x7FFF));
+    const __m512i a = kDown ? _mm512_subs_epu16(m, shift) : _mm512_min_epu16(_mm512_adds_epu16(m, shift), inf);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i),
+                        e4m3_codes32(a, signs<kNegative>(h), _mm512_cmpgt_epu16_mask(m, inf)));
+  }
+  return i;
+}
+
 template <DType T, bool kNegative>
 KVC_AVX512_INLINE void quantize_tile(const uint8_t* x, int64_t n, float scale, uint8_t* o) {
   int64_t i = 0;
   const int32_t e = pow2_exponent(scale);
   if (T == DType::kBFloat16 && e != kNotPow2) {
-    // bf16 / 2^e is the bf16 pattern with e taken off its exponent field, exactly, while the
-    // quotient is normal; below that it is < 2^-26 (|e| <= 100), whose code is 0 either way,
-    // and above bf16's range it saturates to inf. NaN stays NaN.
-    const __m512i shift = _mm512_set1_epi16(static_cast<int16_t>(std::abs(e) << 7));
-    for (; i + 32 <= n; i += 32) {
-      const __m512i h = _mm512_loadu_si512(x + i * 2);
-      const __m512i m = _mm512_and_si512(h, _mm512_set1_epi16(0x7FFF));
-      __m512i a = e > 0 ? _mm512_subs_epu16(m, shift)
-                        : _mm512_min_epu16(_mm512_adds_epu16(m, shift), _mm512_set1_epi16(0x7F80));
-      a = _mm512_mask_mov_epi16(a, _mm512_cmpgt_epu16_mask(m, _mm512_set1_epi16(0x7F80)), m);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + i), e4m3_codes32(a, signs<kNegative>(h)));
-    }
+    i = e > 0 ? pow2_codes<kNegative, true>(x, n, e, o) : pow2_codes<kNegative, false>(x, n, -e, o);
   }
   const __m512 s = _mm512_set1_ps(std::fabs(scale));
   for (; i + 32 <= n; i += 32) {
