@@ -1,8 +1,12 @@
 // Host program: the AVX2 and AVX-512 row loops (csrc/cpu/rows_avx2.cpp, rows_avx512.cpp) against
-// the scalar ones (csrc/cpu/rows.cpp) byte for byte, each that this CPU has. fp32 -> e4m3 over every one of the 2^32 float bit patterns
-// with a power-of-two, a non-power-of-two and a negative scale; every bf16 / fp16 pattern with several
-// scales; every code decoded to bf16 / fp16 / fp32 under ordinary and extreme scales; amax with
-// NaN, inf and lengths that leave scalar tails. Prints "mismatches: N"; exit status 1 if any.
+// the scalar ones (csrc/cpu/rows.cpp) byte for byte, each that this CPU has (AVX-512 also with
+// its AVX512-BF16 decoding). fp32 -> e4m3 over every one of the 2^32 float bit patterns with a
+// power-of-two, a non-power-of-two and a negative scale, and a sample of them under zero, inf,
+// NaN and tiny scales; every bf16 / fp16 pattern under many scales; several tiles per call with
+// tails; every code decoded to bf16 / fp16 / fp32 under ordinary, extreme and 2000 random
+// scales; MXFP4 codes of every bf16 pattern under every block exponent; amax with NaN, inf and
+// lengths that leave scalar tails; streaming copies at every alignment. Prints "mismatches: N";
+// exit status 1 if any.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -56,6 +60,22 @@ static void compare(const Impl& simd) {
       expect_same("quantize fp32", a, b, c * kChunk);
     }
   }
+  // Every 61st float (a stride that visits every low-bit pattern) under the scales the pass
+  // above leaves out: zeros, infinities, NaN, subnormal and extreme powers of two.
+  for (float scale : {0.0f, -0.0f, kvc::bits_float(0x7F800000u), kvc::bits_float(0xFF800000u),
+                      kvc::bits_float(0x7FC00000u), 1.1754944e-38f, 0x1p-149f, 0x1p-100f, 0x1p100f}) {
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t c = 0; c < 1024; ++c) {
+      constexpr int64_t kN = (int64_t{1} << 32) / 61 / 1024 + 1;
+      std::vector<uint32_t> x(kN);
+      for (int64_t i = 0; i < kN; ++i) x[i] = static_cast<uint32_t>((c * kN + i) * 61);
+      std::vector<uint8_t> a(kN), b(kN);
+      simd.quantize_row(x.data(), DType::kFloat32, kN, scale, a.data());
+      scalar::quantize_row(x.data(), DType::kFloat32, kN, scale, b.data());
+#pragma omp critical
+      expect_same("quantize fp32 (special scales)", a, b, c * kN);
+    }
+  }
   // Every bf16 and fp16 pattern, scales with and without a power of two, tiny and huge, signed
   // zeros, inf and NaN, powers of two at and beyond the bounds of the bf16 exponent path.
   std::vector<uint16_t> h(1 << 16);
@@ -74,9 +94,11 @@ static void compare(const Impl& simd) {
   // Several tiles per call: each tile's amax and codes with its own scale, as row by row (tile
   // lengths that leave vector and scalar tails in every tile; tiles apart or adjacent).
   for (DType t : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
-    for (auto [tile, stride] : {std::pair<int64_t, int64_t>{128, 128}, {64, 64}, {37, 37}, {128, 131}, {32, 200}}) {
-      const float scales[] = {0.3f, 1.1754944e-38f, -2.0f, 7.0f, 2.2e-4f};
-      constexpr int64_t kTiles = 5;
+    for (auto [tile, stride] : {std::pair<int64_t, int64_t>{128, 128}, {64, 64}, {37, 37}, {128, 131}, {32, 200},
+                                {61, 61}, {61, 64}, {29, 30}}) {
+      const float scales[] = {0.3f, 1.1754944e-38f, -2.0f, 7.0f, 2.2e-4f, 0.0f, -0.0f, kvc::bits_float(0x7F800000u),
+                              kvc::bits_float(0xFFC00000u), 0x1p-20f, -0x1p100f};
+      constexpr int64_t kTiles = 11;
       std::vector<uint8_t> x(kTiles * stride * kvc::dtype_size(t));
       for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint8_t>(h[(i * 40503u) & 0xFFFF] >> (i & 1) * 8);
       std::vector<uint8_t> a(kTiles * tile), b(kTiles * tile);

@@ -83,16 +83,16 @@ def test_indexer(device, layout, block_size, num_tokens, placement, scale_fmt):
 @pytest.mark.parametrize("scale_fmt", [None, "ue8m0"])
 def test_indexer_strided_input(device, dtype, placement, scale_fmt):
     """k as a slice of wider rows (the CPU kernel reads tokens in batches, tiles k_stride apart),
-    token counts that leave partial batches, padding slots."""
-    plan = plan_for("BLHNC", 16, 37)
+    token counts that leave partial batches in each thread's share, padding slots."""
+    plan = plan_for("BLHNC", 16, 301)
     gc = guarded(plan, device, seed=4)
     g = torch.Generator().manual_seed(8)
-    wide = (torch.randn(37, 160, generator=g) * 3).to(dtype)
+    wide = (torch.randn(301, 160, generator=g) * 3).to(dtype)
     wide[5, 7] = float("nan")
     wide[6, 0] = float("-inf")
     wide[9] = 0.0
     k = wide[:, 16:144]
-    slots = random_slots(37, plan.num_slots, seed=6, pad_every=5)
+    slots = random_slots(301, plan.num_slots, seed=6, pad_every=5)
     kvc.ops.indexer_k_quant_and_cache(k.to(device), gc.view("indexer", 1), slots.to(device),
                                       scale_fmt, placement)
     ref.indexer_k_quant_and_cache(k, gc.expected_view("indexer", 1), slots, scale_fmt, placement)

@@ -1,5 +1,6 @@
-// AVX2 versions of the row loops in rows.cpp, 8 values per step, the same bytes as the scalar
-// code (the same integer formulations of e4m3 / bf16 / fp16 rounding, IEEE division, and F16C
+// AVX2 versions of the row loops in rows.cpp, the same bytes as the scalar code. Encoding: the
+// AVX-512 file's 16-bit-lane encoder on 16 values per instruction (a group with a rare lane is
+// encoded again by the 32-bit integer formulation, 8 per step, which also does decoding; F16C
 // only for the exact fp16 -> fp32 widening). Each function is compiled for AVX2 + F16C by a
 // target attribute, so the rest of the library keeps the baseline ISA; rows.cpp calls these
 // only when supported() says the CPU has both.

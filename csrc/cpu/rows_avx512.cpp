@@ -1,10 +1,10 @@
-// AVX-512 versions of the row loops in rows.cpp, 16 values per step, the same bytes as the
-// scalar code (tests/rows_exhaustive.cpp compares them on every float, every bf16 / fp16
-// pattern and every code). Compiled for AVX-512 F/BW/VL by a target attribute, function by
-// function; rows.cpp calls these only when supported() says the CPU has them.
+// AVX-512 versions of the row loops in rows.cpp, the same bytes as the scalar code
+// (tests/rows_exhaustive.cpp compares them on every float, every bf16 / fp16 pattern under many
+// scales, every code, every MXFP4 block exponent). Compiled for AVX-512 F/BW/VL (and BF16 for
+// decode_row_bf16) by target attributes, function by function; rows.cpp calls these only when
+// supported() / bf16_supported() say the CPU has them.
 //
-// Besides the wider lanes: comparisons go to mask registers (one-instruction blends), and
-// decoding widens the codes to fp16 in hardware: an e4m3 code c is the fp16 number with bits
+// Decoding widens the codes to fp16 in hardware: an e4m3 code c is the fp16 number with bits
 // (c & 0x7F) << 7 | (c & 0x80) << 8 times 2^8, exactly (e4m3's exponent bias is 7, fp16's 15;
 // e4m3 subnormals land on fp16 subnormals), so vcvtph2ps and one multiplication by 256 give the
 // code's value.
@@ -13,8 +13,10 @@
 // issued, not by the division): each quotient |x| / |s| is cut to a bf16 pattern rounded to odd
 // (the 16 dropped bits stick to the kept lowest bit), which rounds to the same e4m3 code as the
 // float itself (8 significant bits >= 4 + 2, so the second rounding cannot be misled). Codes in
-// e4m3's normal range are then a rounding of that pattern's top bits; the rare lanes below 2^-6
-// (e4m3 subnormals) or NaN take a table path only when a group of 32 has one.
+// e4m3's normal range up to 464 are then a rounding of that pattern's top bits; the rare lanes
+// (below 2^-6, above 464, inf, NaN) are done over by table, clamp and mask only when a group of
+// 32 has one. A bf16 tile over a power-of-two scale skips the division: the quotient's pattern
+// is the input's with the exponent field shifted.
 #include "rows.h"
 
 #include "../v4_rows.h"
@@ -77,17 +79,24 @@ struct SubnormalCodes {
   alignas(64) uint16_t above[32];
 };
 
-SubnormalCodes make_subnormal_codes() {
+// The code of (128 + m) x 2^(e - 134) (a bf16 pattern's value) in e4m3's 2^-9 steps, rounded to
+// nearest even, by integers: a compile-time table, so no load order can see it unfilled.
+constexpr uint16_t subnormal_code(uint32_t e, uint32_t m) {
+  const uint32_t v = 128 + m, k = 125 - e;  // value / 2^-9 = v / 2^k, k in 5..8
+  const uint32_t q = v >> k, r = v & ((1u << k) - 1), half = 1u << (k - 1);
+  return static_cast<uint16_t>(q + (r > half || (r == half && (q & 1))));
+}
+
+constexpr SubnormalCodes make_subnormal_codes() {
   SubnormalCodes c{};
   for (uint32_t i = 0; i < 32; ++i) {
-    const uint32_t pattern = (117 + (i >> 3)) << 7 | (i & 7) << 4;
-    c.exact[i] = e4m3_encode_soft(bf16_to_float(static_cast<uint16_t>(pattern)));
-    c.above[i] = e4m3_encode_soft(bf16_to_float(static_cast<uint16_t>(pattern | 1)));
+    c.exact[i] = subnormal_code(117 + (i >> 3), (i & 7) << 4);
+    c.above[i] = subnormal_code(117 + (i >> 3), (i & 7) << 4 | 1);
   }
   return c;
 }
 
-const SubnormalCodes kSubnormalCodes = make_subnormal_codes();
+constexpr SubnormalCodes kSubnormalCodes = make_subnormal_codes();
 
 // |q| of 16 + 16 values (nonnegative floats or NaN) as bf16 patterns rounded to odd, 32 words:
 // interleaved (word 2j from even lane j, 2j + 1 from odd lane j) or in order (lo then hi).
@@ -333,7 +342,8 @@ KVC_AVX512_INLINE __mmask32 nan_codes(__m512i c) {
   return _mm512_cmpeq_epi16_mask(_mm512_and_si512(c, _mm512_set1_epi16(0x7F)), _mm512_set1_epi16(0x7F));
 }
 
-// Scales with 2^-100 <= |s| <= 2^100 (every tile scale in practice) make each product of a
+// Scales with 2^-100 <= |s| <= 2^100 (every scale but the FLT_MIN floor of all-zero or tiny MLA
+// tiles, and absurd per-tensor ones) make each product of a
 // code's value (0 or >= 2^-9 in magnitude) a normal float or 0, and 256 s exact: 32 codes per
 // step through the hardware fp16 widening. Other scales, fp16 output and tails: 16 at a time.
 inline bool decodes_fast(float scale) {

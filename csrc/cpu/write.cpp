@@ -19,8 +19,9 @@ const uint8_t* elem(const void* base, int64_t index, DType t) {
   return static_cast<const uint8_t*>(base) + index * dtype_size(t);
 }
 
-// Rows are computed kBatch tokens at a time (one call of the row loops per batch) in L1, then
-// stored: whole rows of 16-B multiples streamed (stream.h), the rest in place.
+// Rows are built in L1, then stored: whole rows of 16-B multiples streamed (stream.h), the rest
+// in place. Indexer rows are computed kBatch tokens at a time (one call of the row loops per
+// batch); MLA rows one token at a time (4 tiles per call).
 constexpr int64_t kBatch = 8;
 constexpr int64_t kAheadRows = 2;  // MLA rows: inputs asked for this many tokens ahead
 
