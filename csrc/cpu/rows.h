@@ -67,6 +67,15 @@ void decode_row_bf16(const uint8_t* codes, int64_t n, float scale, DType out_dty
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
 }  // namespace avx512
 
+// e when |s| = 2^e with |e| <= 100 (the SIMD loops then divide a bf16 tile by shifting its
+// exponent field), else kNotPow2.
+constexpr int32_t kNotPow2 = 1 << 30;
+inline int32_t pow2_exponent(float s) {
+  const uint32_t u = float_bits(s) & 0x7FFFFFFFu;
+  const int32_t e = static_cast<int32_t>(u >> 23) - 127;
+  return (u & 0x7FFFFFu) == 0 && e >= -100 && e <= 100 ? e : kNotPow2;
+}
+
 // The implementation the public functions use: "scalar", "avx2" or "avx512".
 const char* isa();
 

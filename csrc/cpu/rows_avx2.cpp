@@ -218,14 +218,6 @@ KVC_AVX2_INLINE __m256i quotients16(const uint8_t* x, __m256 s, __m256i* sign) {
   }
 }
 
-// e when |s| = 2^e with |e| <= 100, else kNotPow2 (as in the AVX-512 file).
-constexpr int32_t kNotPow2 = 1 << 30;
-inline int32_t pow2_exponent(float s) {
-  const uint32_t u = float_bits(s) & 0x7FFFFFFFu;
-  const int32_t e = static_cast<int32_t>(u >> 23) - 127;
-  return (u & 0x7FFFFFu) == 0 && e >= -100 && e <= 100 ? e : kNotPow2;
-}
-
 template <DType T, bool kNegative>
 KVC_AVX2_INLINE void quantize_tile(const uint8_t* x, int64_t n, float scale, uint8_t* o) {
   int64_t i = 0;

@@ -253,14 +253,6 @@ KVC_AVX512_INLINE __m512i quotients32(const void* x, __m512 s, __m512i* sign) {
   }
 }
 
-// e when |s| = 2^e with |e| <= 100, else kNotPow2.
-constexpr int32_t kNotPow2 = 1 << 30;
-inline int32_t pow2_exponent(float s) {
-  const uint32_t u = float_bits(s) & 0x7FFFFFFFu;
-  const int32_t e = static_cast<int32_t>(u >> 23) - 127;
-  return (u & 0x7FFFFFu) == 0 && e >= -100 && e <= 100 ? e : kNotPow2;
-}
-
 // One tile: |x| / |s| (the IEEE quotient's magnitude), the sign of x / s attached by bits
 // (flipped for a negative scale).
 template <bool kNegative>
