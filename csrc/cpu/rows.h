@@ -47,9 +47,8 @@ namespace avx2 {
 bool supported();  // AVX2 and F16C, asked of the CPU once
 float row_amax(const void* src, DType t, int64_t n);
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
-void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax);
 void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
-                    uint8_t* out);
+                    uint8_t* out);  // (tile_amax: rows.cpp's loop over row_amax)
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 }  // namespace avx2
 

@@ -270,11 +270,6 @@ KVC_AVX2 void quantize_row(const void* src, DType t, int64_t n, float scale, uin
   quantize_tiles(src, t, 1, n, n, &scale, out);
 }
 
-KVC_AVX2 void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
-  for (int64_t k = 0; k < tiles; ++k)
-    amax[k] = row_amax(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile);
-}
-
 KVC_AVX2 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
   const __m256 s = _mm256_set1_ps(scale);
   const int64_t es = dtype_size(out_dtype);
@@ -305,10 +300,6 @@ void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out
 }
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
   scalar::decode_row(codes, n, scale, out_dtype, out);
-}
-void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
-  for (int64_t k = 0; k < tiles; ++k)
-    amax[k] = scalar::row_amax(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile);
 }
 void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
                     uint8_t* out) {

@@ -343,6 +343,16 @@ inline bool decodes_fast(float scale) {
   return a >= 0x1p-100f && a <= 0x1p100f;
 }
 
+// The values of 32 codes times s256 / 256, in lo (codes 0-15) and hi (16-31); returns the NaN
+// codes' lanes.
+KVC_AVX512_INLINE __mmask32 decoded32(const uint8_t* codes, __m512 s256, __m512* lo, __m512* hi) {
+  const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes)));
+  const __m512i h = codes_as_fp16(c);
+  *lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), s256);
+  *hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), s256);
+  return nan_codes(c);
+}
+
 KVC_AVX512 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
   const int64_t es = dtype_size(out_dtype);
   int64_t i = 0;
@@ -350,14 +360,11 @@ KVC_AVX512 void decode_row(const uint8_t* codes, int64_t n, float scale, DType o
     const __m512 s = _mm512_set1_ps(scale * 256.0f);
     const __m512 nan = _mm512_castsi512_ps(splat(static_cast<int32_t>(kCanonicalNanBits)));
     for (; i + 32 <= n; i += 32) {
-      const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)));
-      const __m512i h = codes_as_fp16(c);
-      const __mmask32 bad = nan_codes(c);
+      __m512 lo, hi;
+      const __mmask32 bad = decoded32(codes + i, s, &lo, &hi);
       float* o = reinterpret_cast<float*>(out) + i;
-      _mm512_storeu_ps(o, _mm512_mask_mov_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), s),
-                                             static_cast<__mmask16>(bad), nan));
-      _mm512_storeu_ps(o + 16, _mm512_mask_mov_ps(_mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), s),
-                                                  static_cast<__mmask16>(bad >> 16), nan));
+      _mm512_storeu_ps(o, _mm512_mask_mov_ps(lo, static_cast<__mmask16>(bad), nan));
+      _mm512_storeu_ps(o + 16, _mm512_mask_mov_ps(hi, static_cast<__mmask16>(bad >> 16), nan));
     }
   }
   const __m512 s = _mm512_set1_ps(scale);
@@ -382,12 +389,10 @@ KVC_AVX512_BF16 void decode_row_bf16(const uint8_t* codes, int64_t n, float scal
   const __m512 s = _mm512_set1_ps(scale * 256.0f);
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
-    const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i)));
-    const __m512i h = codes_as_fp16(c);
-    const __m512 lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), s);
-    const __m512 hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), s);
+    __m512 lo, hi;
+    const __mmask32 bad = decoded32(codes + i, s, &lo, &hi);
     const __m512i r = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // words 0-15 from lo
-    _mm512_storeu_si512(out + i * 2, _mm512_mask_mov_epi16(r, nan_codes(c), _mm512_set1_epi16(0x7FC0)));
+    _mm512_storeu_si512(out + i * 2, _mm512_mask_mov_epi16(r, bad, _mm512_set1_epi16(0x7FC0)));
   }
   if (i < n) decode_row(codes + i, n - i, scale, out_dtype, out + i * 2);
 }
