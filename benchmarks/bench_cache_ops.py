@@ -154,6 +154,19 @@ def build_cases(layout: str, tokens: int, device: torch.device,
         kvc.ops.reshape_and_cache(keys[i], kvv, slots[i])
         o4.v4_mla_quant_and_cache(xs[i][:, :512], v4, slots[i])
         o4.mxfp4_quant_and_cache(ks[i], mx, slots[i])
+    # ... and every row the block tables reach (the random slots above cover about half of a
+    # serving-sized cache; an unwritten row's zero scale would send its decoding down the
+    # rare-scale path, which real caches do not take)
+    table_slots = torch.cat([table.flatten(), swa_table.flatten()]).unique().long()
+    table_slots = (table_slots[:, None] * BLOCK + torch.arange(BLOCK, device=device)).flatten()
+    n = table_slots.numel()
+    xt = (torch.randn(n, 576, generator=gen) * 2).to(torch.bfloat16).to(device)
+    kt = torch.randn(n, 128, generator=gen).to(torch.bfloat16).to(device)
+    kvc.ops.dsa_write(xt[:, :512], xt[:, 512:], mla, kt, idx, table_slots)
+    kvc.ops.reshape_and_cache(torch.randn(n, 8, 128, generator=gen).to(torch.bfloat16).to(device), kvv, table_slots)
+    o4.v4_mla_quant_and_cache(xt[:, :512], v4, table_slots)
+    o4.mxfp4_quant_and_cache(kt, mx, table_slots)
+    del xt, kt
     s = lambda i: slots[i % sets]  # noqa: E731
     x = lambda i: xs[i % sets]  # noqa: E731
     k = lambda i: ks[i % sets]  # noqa: E731
