@@ -69,9 +69,8 @@ void indexer_gather(const IndexerGatherParams& p) {
     for (int64_t t = begin; t < end; ++t) {
       if (p.src.slots != nullptr && t + kAhead < end && p.view.valid_slot(p.src.slots[t + kAhead])) {
         const IndexerAddress n = indexer_address(p.view, p.src.slots[t + kAhead], p.placement);
-        __builtin_prefetch(p.view.base + n.codes, 0, 3);
-        __builtin_prefetch(p.view.base + n.codes + kIndexerDim - 1, 0, 3);
-        __builtin_prefetch(p.view.base + n.scale, 0, 3);
+        prefetch_lines(p.view.base + n.codes, kIndexerDim);
+        prefetch_lines(p.view.base + n.scale, 4);
       }
       uint8_t* codes = p.codes + t * p.codes_stride;
       const int64_t slot = p.src.slot_of(t, p.view);

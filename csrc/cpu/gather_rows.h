@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "../paged_view.h"
+#include "prefetch.h"
 
 namespace kvc::cpu {
 
@@ -20,26 +21,25 @@ struct Located {
 // block table are consecutive within a block, which the hardware prefetcher follows.
 constexpr int64_t kAhead = 8;
 
-inline const uint8_t* row_start(const PagedView& v, int64_t slot) { return v.row(slot); }
-
-// Prefetches `bytes` from addr(v, slot) of the row token t + kAhead reads (explicit slots only).
-template <class RowAddr = decltype(&row_start)>
-inline void prefetch_slot_row(const TokenSource& src, const PagedView& v, int64_t t, int64_t end,
-                              int64_t bytes, RowAddr addr = &row_start) {
-  if (src.slots == nullptr || t + kAhead >= end) return;
+// The slot token t + kAhead reads when it is an explicit valid one (its row is asked for now),
+// else -1.
+inline int64_t slot_ahead(const TokenSource& src, const PagedView& v, int64_t t, int64_t end) {
+  if (src.slots == nullptr || t + kAhead >= end) return -1;
   const int64_t slot = src.slots[t + kAhead];
-  if (!v.valid_slot(slot)) return;
-  const uint8_t* row = addr(v, slot);
-  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, 0, 3);
-  __builtin_prefetch(row + bytes - 1, 0, 3);
+  return v.valid_slot(slot) ? slot : -1;
+}
+
+// Prefetches the first `bytes` of the row token t + kAhead reads (explicit slots only).
+[[gnu::always_inline]] inline void prefetch_slot_row(const TokenSource& src, const PagedView& v, int64_t t, int64_t end,
+                              int64_t bytes) {
+  const int64_t slot = slot_ahead(src, v, t, end);
+  if (slot >= 0) prefetch_lines(v.row(slot), bytes);
 }
 
 // The locate of a gather reading one view through a TokenSource, prefetching its rows.
-template <class RowAddr = decltype(&row_start)>
-auto token_locator(const TokenSource& src, const PagedView& v, int64_t bytes,
-                   RowAddr addr = &row_start) {
-  return [&src, &v, bytes, addr](int64_t t, int64_t end) {
-    prefetch_slot_row(src, v, t, end, bytes, addr);
+inline auto token_locator(const TokenSource& src, const PagedView& v, int64_t bytes) {
+  return [&src, &v, bytes](int64_t t, int64_t end) {
+    prefetch_slot_row(src, v, t, end, bytes);
     return Located{src.slot_of(t, v), &v};
   };
 }

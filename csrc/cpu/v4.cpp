@@ -156,11 +156,17 @@ void v4_gather(const V4GatherParams& p) {
   if (p.format == V4Format::kMxfp4 && p.mode != MlaGatherMode::kCopyRow)
     table = std::make_unique<Mxfp4Table>(p.mode == MlaGatherMode::kDequantBf16 ? DType::kBFloat16
                                                                                : DType::kFloat32);
-  const auto data = [f = p.format](const PagedView& v, int64_t slot) {
-    return v.base + v4_address(v, slot, f).first;
+  // a row's data and its footer bytes lie in different lines: both are asked for ahead
+  const auto locate = [&](int64_t t, int64_t end) {
+    const int64_t ahead = slot_ahead(p.src, p.view, t, end);
+    if (ahead >= 0) {
+      const SplitAddress a = v4_address(p.view, ahead, p.format);
+      prefetch_lines(p.view.base + a.first, v4_data_bytes(p.format));
+      prefetch_lines(p.view.base + a.last, v4_footer_bytes(p.format));
+    }
+    return Located{p.src.slot_of(t, p.view), &p.view};
   };
-  gather_rows(p.num_tokens, p.out, p.out_stride, out_bytes,
-              token_locator(p.src, p.view, v4_data_bytes(p.format), data),
+  gather_rows(p.num_tokens, p.out, p.out_stride, out_bytes, locate,
               [&](const PagedView& v, int64_t slot, uint8_t* out) {
     const SplitAddress a = v4_address(v, slot, p.format);
     decode_row_v4(p.format, p.mode, v.base + a.first, v.base + a.last, table.get(), out);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../kernels.h"
+#include "prefetch.h"
 #include "rows.h"
 #include "stream.h"
 
@@ -24,12 +25,6 @@ const uint8_t* elem(const void* base, int64_t index, DType t) {
 // batch); MLA rows one token at a time (4 tiles per call).
 constexpr int64_t kBatch = 8;
 constexpr int64_t kAheadRows = 2;  // MLA rows: inputs asked for this many tokens ahead
-
-// Asks for the cache lines of [p, p + bytes) (for writing: exclusive).
-inline void prefetch_lines(const uint8_t* p, int64_t bytes, bool write = false) {
-  const uint8_t* line = reinterpret_cast<const uint8_t*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63});
-  for (; line < p + bytes; line += 64) write ? __builtin_prefetch(line, 1, 3) : __builtin_prefetch(line, 0, 3);
-}
 
 // Unquantized rows: straight byte copies of `bytes` per (token, head).
 void copy_rows(int64_t num_tokens, const int64_t* slots, const PagedView& v, int64_t heads,
@@ -152,7 +147,7 @@ void indexer_write(const IndexerWriteParams& p) {
         if (!p.view.valid_slot(p.slots[i])) continue;
         const IndexerAddress a = indexer_address(p.view, p.slots[i], p.placement);
         if (!split) prefetch_lines(p.view.base + a.codes, kIndexerDim, true);  // codes stored in place
-        __builtin_prefetch(p.view.base + a.scale, 1, 3);
+        prefetch_lines(p.view.base + a.scale, 4, true);
       }
       const uint8_t* k = elem(p.k, b * p.k_stride, p.dtype);
       tile_amax(k, p.dtype, n, kIndexerDim, p.k_stride, scales);
