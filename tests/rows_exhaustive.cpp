@@ -4,13 +4,15 @@
 // power-of-two, a non-power-of-two and a negative scale, and a sample of them under zero, inf,
 // NaN and tiny scales; every bf16 / fp16 pattern under many scales; several tiles per call with
 // tails; every code decoded to bf16 / fp16 / fp32 under ordinary, extreme and 2000 random
-// scales; MXFP4 codes of every bf16 pattern under every block exponent; amax with NaN, inf and
-// lengths that leave scalar tails; streaming copies at every alignment. Prints "mismatches: N";
-// exit status 1 if any.
+// scales; MXFP4 codes of every bf16 pattern under every block exponent, and every packed byte
+// decoded under every scale byte; amax with NaN, inf and lengths that leave scalar tails;
+// streaming copies at every alignment. Prints "mismatches: N"; exit status 1 if any.
 #include <cmath>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <emmintrin.h>
+#include <memory>
 #include <random>
 #include <utility>
 #include <vector>
@@ -31,6 +33,7 @@ struct Impl {
   void (*quantize_tiles)(const void*, DType, int64_t, int64_t, int64_t, const float*, uint8_t*);
   void (*stream_copy)(uint8_t*, const uint8_t*, int64_t);
   void (*e2m1_blocks)(const uint16_t*, int64_t, const int32_t*, uint8_t*);  // null: the scalar loop's
+  void (*e2m1_decode_blocks)(const uint8_t*, const uint8_t*, int64_t, const kvc::cpu::Mxfp4Words&, uint8_t*);
 };
 
 static unsigned long long bad = 0;
@@ -127,6 +130,31 @@ static void compare(const Impl& simd) {
       expect_same("e2m1", a, b, static_cast<uint64_t>(e + 127) << 16);
     }
   }
+  // MXFP4 decoding: every packed byte (16 blocks of 16) under every scale byte, to bf16 and fp32,
+  // then blocks of mixed scale bytes; outputs poisoned differently, so an unwritten word differs.
+  for (DType t : {DType::kBFloat16, DType::kFloat32}) {
+    if (simd.e2m1_decode_blocks == nullptr) break;
+    const auto words = std::make_unique<kvc::cpu::Mxfp4Words>(t);
+    constexpr int64_t kBlocks = 256 * 16;
+    std::vector<uint8_t> packed(kBlocks * 16), scale_bytes(kBlocks);
+    for (int64_t k = 0; k < kBlocks; ++k) {
+      scale_bytes[k] = static_cast<uint8_t>(k < 4096 ? k / 16 : k * 89 + 3);
+      for (int i = 0; i < 16; ++i) packed[k * 16 + i] = static_cast<uint8_t>((k % 16) * 16 + i);
+    }
+    std::vector<uint8_t> a(kBlocks * 32 * kvc::dtype_size(t), 0xAA), b(a.size(), 0x55);
+    simd.e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks, *words, a.data());
+    scalar::e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks, *words, b.data());
+    expect_same("e2m1_decode", a, b, 0);
+    std::mt19937 gm(3);
+    for (auto& v : scale_bytes) v = static_cast<uint8_t>(gm());
+    for (auto& v : packed) v = static_cast<uint8_t>(gm());
+    std::fill(a.begin(), a.end(), 0xAA);
+    std::fill(b.begin(), b.end(), 0x55);
+    simd.e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks - 1, *words, a.data());
+    scalar::e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks - 1, *words, b.data());
+    std::fill(a.end() - 32 * kvc::dtype_size(t), a.end(), 0x55);  // the block past the end stays unwritten
+    expect_same("e2m1_decode mixed", a, b, 0);
+  }
   // Streaming copies: every 16-B offset in a line, lengths across several lines; the bytes
   // around the destination untouched.
   {
@@ -188,14 +216,16 @@ int main() {
   const Impl impls[] = {
       {"avx2", kvc::cpu::avx2::supported, kvc::cpu::avx2::row_amax, kvc::cpu::avx2::quantize_row,
        kvc::cpu::avx2::decode_row, avx2_tile_amax, kvc::cpu::avx2::quantize_tiles,
-       kvc::cpu::scalar::stream_copy, nullptr},
+       kvc::cpu::scalar::stream_copy, nullptr, kvc::cpu::avx2::e2m1_decode_blocks},
       {"avx512", kvc::cpu::avx512::supported, kvc::cpu::avx512::row_amax,
        kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row, kvc::cpu::avx512::tile_amax,
-       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy, kvc::cpu::avx512::e2m1_blocks},
+       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy, kvc::cpu::avx512::e2m1_blocks,
+       kvc::cpu::avx512::e2m1_decode_blocks},
       // the same with bf16 decoding by the AVX512-BF16 conversion
       {"avx512-bf16", kvc::cpu::avx512::bf16_supported, kvc::cpu::avx512::row_amax,
        kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row_bf16, kvc::cpu::avx512::tile_amax,
-       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy, kvc::cpu::avx512::e2m1_blocks}};
+       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy, kvc::cpu::avx512::e2m1_blocks,
+       kvc::cpu::avx512::e2m1_decode_blocks}};
   for (const Impl& simd : impls) {
     if (!simd.supported()) {
       std::printf("%s: not on this CPU, not compared\n", simd.name);

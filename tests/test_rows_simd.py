@@ -45,7 +45,13 @@ def test_every_cpu_isa_gives_the_same_op_bytes():
             "kvc.ops.indexer_k_quant_and_cache(k, c.view('idx', 0), s.flip(0))\n"
             "out = kvc.ops.gather_mla_slots(c.view('mla', 0), s, dtype=torch.float32)\n"
             "bf = kvc.ops.gather_mla_slots(c.view('mla', 0), s, dtype=torch.bfloat16).view(torch.int16)\n"
-            "print(hashlib.sha256(c.buffer.numpy().tobytes() + out.numpy().tobytes() + bf.numpy().tobytes()).hexdigest())\n")
+            "from kvcache_ext import ops_v4 as o4\n"  # DeepSeek-V4 rows: fp8 tiles, MXFP4 blocks
+            "p4 = kvc.plan_cache([kvc.CacheSpec('v4', 584, 1, split=(576, 8)), kvc.CacheSpec('mx', 68, 1, split=(64, 4))], 64, 16)\n"
+            "c4 = kvc.allocate(p4, fill=7)\n"
+            "o4.v4_dsa_write(x[:, :512], c4.view('v4', 0), k.to(torch.bfloat16) * 40, c4.view('mx', 0), s)\n"
+            "v4 = [o4.gather_v4_slots(c4.view(n, 0), s, f, dtype=d).view(torch.uint8) for n, f in (('v4', 'fp8_ds_mla_v4'), ('mx', 'mxfp4')) for d in (torch.bfloat16, torch.float32)]\n"
+            "print(hashlib.sha256(c.buffer.numpy().tobytes() + out.numpy().tobytes() + bf.numpy().tobytes()\n"
+            "                     + c4.buffer.numpy().tobytes() + b''.join(v.numpy().tobytes() for v in v4)).hexdigest())\n")
     digests = {}
     for isa in ("scalar", "avx2", "avx512", "bogus"):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

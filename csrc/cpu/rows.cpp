@@ -52,6 +52,17 @@ void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t
   }
 }
 
+void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                        const Mxfp4Words& words, uint8_t* out) {
+  const int64_t es = dtype_size(words.out_dtype);
+  for (int64_t k = 0; k < blocks * kMxfp4Block / 2; ++k) {
+    const uint32_t* w = words.word[scale_bytes[k / (kMxfp4Block / 2)]];
+    const uint32_t lo = w[packed[k] & 0xF], hi = w[packed[k] >> 4];
+    std::memcpy(out + 2 * k * es, &lo, es);  // little-endian: a bf16 word is the low half
+    std::memcpy(out + (2 * k + 1) * es, &hi, es);
+  }
+}
+
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
 #if defined(__SSE2__)
   for (int64_t i = 0; i < bytes; i += 16)
@@ -61,6 +72,15 @@ void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
 #endif
 }
 }  // namespace scalar
+
+Mxfp4Words::Mxfp4Words(DType t) : out_dtype(t) {
+  for (int b = 0; b < 256; ++b) {
+    for (uint32_t c = 0; c < 16; ++c) {
+      word[b][c] = 0;
+      store_float(&word[b][c], 0, e2m1_decode(c) * pow2f(b - 127), t);
+    }
+  }
+}
 
 namespace {
 enum class Isa { kScalar, kAvx2, kAvx512 };
@@ -120,6 +140,15 @@ void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
   if (kIsa == Isa::kAvx512) return avx512::e2m1_blocks(x, blocks, exps, packed);
   scalar::e2m1_blocks(x, blocks, exps, packed);
+}
+
+void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                        const Mxfp4Words& words, uint8_t* out) {
+  switch (kIsa) {
+    case Isa::kAvx512: return avx512::e2m1_decode_blocks(packed, scale_bytes, blocks, words, out);
+    case Isa::kAvx2: return avx2::e2m1_decode_blocks(packed, scale_bytes, blocks, words, out);
+    default: return scalar::e2m1_decode_blocks(packed, scale_bytes, blocks, words, out);
+  }
 }
 
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {

@@ -35,12 +35,28 @@ void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);
 // two per byte (even value in the low nibble) at packed + 16 b. exps[b] in [-127, 127].
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
 
+// MXFP4 decoding by table: word[b][c] is the output word of code c under scale byte b, as the
+// CUDA kernel computes it (e2m1 value x 2^(b - 127), then rounded): bf16 bits in the low half,
+// or fp32 bits.
+struct Mxfp4Words {
+  DType out_dtype;  // kBFloat16 or kFloat32
+  alignas(64) uint32_t word[256][16];
+  explicit Mxfp4Words(DType t);
+};
+
+// blocks of 32 MXFP4 values: block k's 16 packed bytes at packed + 16 k (even value in the low
+// nibble), its scale byte scale_bytes[k]; out gets 32 words of words.out_dtype per block.
+void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                        const Mxfp4Words& words, uint8_t* out);
+
 namespace scalar {
 float row_amax(const void* src, DType t, int64_t n);
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);  // 16-B stores (SSE2)
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
+void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                        const Mxfp4Words& words, uint8_t* out);
 }  // namespace scalar
 
 namespace avx2 {
@@ -50,6 +66,8 @@ void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out
 void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
                     uint8_t* out);  // (tile_amax: rows.cpp's loop over row_amax)
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
+void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                        const Mxfp4Words& words, uint8_t* out);
 }  // namespace avx2
 
 namespace avx512 {
@@ -64,6 +82,8 @@ void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);  // 64-B stor
 bool bf16_supported();  // and AVX512-BF16: decode_row_bf16 converts to bf16 in hardware
 void decode_row_bf16(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
+void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                        const Mxfp4Words& words, uint8_t* out);
 }  // namespace avx512
 
 // e when |s| = 2^e with |e| <= 100 (the SIMD loops then divide a bf16 tile by shifting its

@@ -288,6 +288,35 @@ KVC_AVX2 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out
   scalar::decode_row(codes + i, n - i, scale, out_dtype, out + i * es);
 }
 
+// MXFP4 decoding, 16 values (8 packed bytes) per step: each code picks its word from the scale
+// byte's row of 16 by two 8-word permutes and a blend on the code's top bit.
+KVC_AVX2 void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                                 const Mxfp4Words& words, uint8_t* out) {
+  const bool bf16 = words.out_dtype == DType::kBFloat16;
+  for (int64_t j = 0; j < blocks * 2; ++j) {  // two steps per block of 32
+    const uint32_t* w = words.word[scale_bytes[j / 2]];
+    const __m256i t0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256i t1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(w + 8));
+    const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(packed + 8 * j)));
+    // 16-bit lane 2i: byte i's low nibble (value 2i); lane 2i + 1: its high nibble
+    const __m256i idx = _mm256_and_si256(_mm256_or_si256(b, _mm256_slli_epi32(b, 12)), splat(0x000F000F));
+    __m256i r[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i i = _mm256_cvtepu16_epi32(h ? _mm256_extracti128_si256(idx, 1) : _mm256_castsi256_si128(idx));
+      r[h] = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(_mm256_permutevar8x32_epi32(t0, i)),
+                                                  _mm256_castsi256_ps(_mm256_permutevar8x32_epi32(t1, i)),
+                                                  _mm256_castsi256_ps(_mm256_slli_epi32(i, 28))));
+    }
+    if (bf16) {  // words < 2^16: packus keeps them; it packs per 128-bit half, hence the permute
+      const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * j), p);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 * j), r[0]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 64 * j + 32), r[1]);
+    }
+  }
+}
+
 }  // namespace kvc::cpu::avx2
 
 #else  // not x86-64 with GCC-style intrinsics: the scalar code everywhere
@@ -306,6 +335,10 @@ void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64
   for (int64_t k = 0; k < tiles; ++k)
     scalar::quantize_row(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile, scales[k],
                          out + k * tile);
+}
+void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                        const Mxfp4Words& words, uint8_t* out) {
+  scalar::e2m1_decode_blocks(packed, scale_bytes, blocks, words, out);
 }
 }  // namespace kvc::cpu::avx2
 

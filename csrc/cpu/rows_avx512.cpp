@@ -424,6 +424,28 @@ KVC_AVX512 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* ex
   }
 }
 
+// MXFP4 decoding: a block's 32 codes index its scale byte's row of 16 words by one permute (16-bit
+// lanes for bf16, two 32-bit ones for fp32).
+KVC_AVX512 void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                                   const Mxfp4Words& words, uint8_t* out) {
+  const bool bf16 = words.out_dtype == DType::kBFloat16;
+  for (int64_t k = 0; k < blocks; ++k) {
+    const __m512i row = _mm512_load_si512(words.word[scale_bytes[k]]);
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + 16 * k)));
+    // 16-bit lane 2i: byte i's low nibble (value 2i); lane 2i + 1: its high nibble
+    const __m512i idx = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)), splat(0x000F000F));
+    if (bf16) {
+      const __m512i row16 = _mm512_zextsi256_si512(_mm512_cvtepi32_epi16(row));
+      _mm512_storeu_si512(out + 64 * k, _mm512_permutexvar_epi16(idx, row16));
+    } else {
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(idx));
+      const __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(idx, 1));
+      _mm512_storeu_si512(out + 128 * k, _mm512_permutexvar_epi32(lo, row));
+      _mm512_storeu_si512(out + 128 * k + 64, _mm512_permutexvar_epi32(hi, row));
+    }
+  }
+}
+
 bool bf16_supported() {
   __builtin_cpu_init();
   return supported() && __builtin_cpu_supports("avx512bf16");
@@ -469,6 +491,10 @@ void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t
 }
 void decode_row_bf16(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
   scalar::decode_row(codes, n, scale, out_dtype, out);
+}
+void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                        const Mxfp4Words& words, uint8_t* out) {
+  scalar::e2m1_decode_blocks(packed, scale_bytes, blocks, words, out);
 }
 }  // namespace kvc::cpu::avx512
 

@@ -48,38 +48,9 @@ void mxfp4_row(const uint16_t* x, uint8_t* packed, uint8_t* scales) {
   e2m1_blocks(x, kMxfp4ScaleBytes, e, packed);
 }
 
-// MXFP4 decoding by lookup: the output word (bf16 or fp32 bits) of every (scale byte, code),
-// computed as the CUDA kernel computes it (value x 2^(byte - 127), then rounded).
-struct Mxfp4Table {
-  uint32_t word[256][16];
-  explicit Mxfp4Table(DType t) {
-    for (int b = 0; b < 256; ++b) {
-      for (uint32_t c = 0; c < 16; ++c) {
-        word[b][c] = 0;
-        store_float(&word[b][c], 0, e2m1_decode(c) * pow2f(b - 127), t);
-      }
-    }
-  }
-};
-
-template <class Word>
-void mxfp4_decode(const uint8_t* data, const uint8_t* footer, const Mxfp4Table& table,
-                  uint8_t* out) {
-  Word w[kMxfp4Dim];
-  for (int64_t b = 0; b < kMxfp4ScaleBytes; ++b) {
-    const uint32_t* words = table.word[footer[b]];
-    for (int64_t i = 0; i < kMxfp4Block / 2; ++i) {
-      const uint8_t byte = data[b * kMxfp4Block / 2 + i];
-      w[b * kMxfp4Block + 2 * i] = static_cast<Word>(words[byte & 0xF]);
-      w[b * kMxfp4Block + 2 * i + 1] = static_cast<Word>(words[byte >> 4]);
-    }
-  }
-  std::memcpy(out, w, sizeof(w));
-}
-
 // One V4 row at (data, footer) decoded into out (mode: raw bytes, bf16 or fp32 values).
 void decode_row_v4(V4Format f, MlaGatherMode mode, const uint8_t* data, const uint8_t* footer,
-                   const Mxfp4Table* table, uint8_t* out) {
+                   const Mxfp4Words* table, uint8_t* out) {
   if (mode == MlaGatherMode::kCopyRow) {
     std::memcpy(out, data, v4_data_bytes(f));
     std::memcpy(out + v4_data_bytes(f), footer, v4_footer_bytes(f));
@@ -102,10 +73,7 @@ void decode_row_v4(V4Format f, MlaGatherMode mode, const uint8_t* data, const ui
     }
     return;
   }
-  if (t == DType::kBFloat16)
-    mxfp4_decode<uint16_t>(data, footer, *table, out);
-  else
-    mxfp4_decode<uint32_t>(data, footer, *table, out);
+  e2m1_decode_blocks(data, footer, kMxfp4ScaleBytes, *table, out);
 }
 
 }  // namespace
@@ -152,9 +120,9 @@ void v4_pair_write(const V4WriteParams& mla, const V4WriteParams& idx) {
 
 void v4_gather(const V4GatherParams& p) {
   const int64_t out_bytes = v4_out_row_bytes(p.format, p.mode);
-  std::unique_ptr<Mxfp4Table> table;
+  std::unique_ptr<Mxfp4Words> table;
   if (p.format == V4Format::kMxfp4 && p.mode != MlaGatherMode::kCopyRow)
-    table = std::make_unique<Mxfp4Table>(p.mode == MlaGatherMode::kDequantBf16 ? DType::kBFloat16
+    table = std::make_unique<Mxfp4Words>(p.mode == MlaGatherMode::kDequantBf16 ? DType::kBFloat16
                                                                                : DType::kFloat32);
   // a row's data and its footer bytes lie in different lines: both are asked for ahead
   const auto locate = [&](int64_t t, int64_t end) {
