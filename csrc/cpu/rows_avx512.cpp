@@ -400,18 +400,21 @@ KVC_AVX512_BF16 void decode_row_bf16(const uint8_t* codes, int64_t n, float scal
 // e2m1 codes by 16-bit lanes: x / 2^e is x's bf16 pattern with e taken off its exponent field
 // (exact while normal; below that < 2^-26 and coded 0 either way, for e >= -100), and the code's
 // magnitude counts the rounding thresholds the pattern passes (patterns order as values).
-// Blocks holding inf or NaN, or with e < -100, take the scalar loop.
+// Blocks holding inf or NaN, or with e < -100, are done again by the scalar loop after the others
+// (no call inside the loop, so its constants stay in registers).
+KVC_AVX512_INLINE bool e2m1_rare(__m512i m, int32_t e) {
+  return e < -100 || _mm512_cmpge_epu16_mask(m, _mm512_set1_epi16(0x7F80)) != 0;
+}
+
 KVC_AVX512 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
   // |v| > 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5, >= 3.5, > 5 as bf16 patterns (>= t as > t - 1)
   constexpr int16_t kAbove[] = {0x3E80, 0x3F3F, 0x3FA0, 0x3FDF, 0x4020, 0x405F, 0x40A0};
+  bool rare = false;
   for (int64_t b = 0; b < blocks; ++b) {
     const int32_t e = exps[b];
     const __m512i h = _mm512_loadu_si512(x + b * kMxfp4Block);
     const __m512i m = _mm512_and_si512(h, _mm512_set1_epi16(0x7FFF));
-    if (e < -100 || _mm512_cmpge_epu16_mask(m, _mm512_set1_epi16(0x7F80)) != 0) {
-      scalar::e2m1_blocks(x + b * kMxfp4Block, 1, &exps[b], packed + b * kMxfp4Block / 2);
-      continue;
-    }
+    rare |= e2m1_rare(m, e);
     const __m512i shift = _mm512_set1_epi16(static_cast<int16_t>((e < 0 ? -e : e) << 7));
     const __m512i a = e >= 0 ? _mm512_subs_epu16(m, shift) : _mm512_adds_epu16(m, shift);
     __m512i code = _mm512_setzero_si512();
@@ -421,6 +424,10 @@ KVC_AVX512 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* ex
     // word pairs (even, odd) -> one byte: even | odd << 4
     const __m512i pairs = _mm512_or_si512(code, _mm512_srli_epi32(code, 12));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + b * kMxfp4Block / 2), _mm512_cvtepi32_epi8(pairs));
+  }
+  for (int64_t b = 0; rare && b < blocks; ++b) {
+    const __m512i m = _mm512_and_si512(_mm512_loadu_si512(x + b * kMxfp4Block), _mm512_set1_epi16(0x7FFF));
+    if (e2m1_rare(m, exps[b])) scalar::e2m1_blocks(x + b * kMxfp4Block, 1, &exps[b], packed + b * kMxfp4Block / 2);
   }
 }
 
