@@ -55,6 +55,41 @@ void check_rows(const at::Tensor& t, const char* arg, int64_t num_tokens,
     TORCH_CHECK_VALUE(t.stride(i) >= 0, arg, " must not have negative strides");
 }
 
+namespace {
+struct ByteSpan {
+  uintptr_t first, last;  // [first, last)
+};
+ByteSpan byte_span(const at::Tensor& t) {
+  int64_t lo = 0, hi = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t reach = (t.size(d) - 1) * t.stride(d);
+    (reach < 0 ? lo : hi) += reach;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const int64_t es = static_cast<int64_t>(t.element_size());
+  return {base + lo * es, base + (hi + 1) * es};
+}
+}  // namespace
+
+NamedTensor named(const at::Tensor& t, const char* name) { return {&t, name}; }
+NamedTensor named(const std::optional<at::Tensor>& t, const char* name) {
+  return {t ? &*t : nullptr, name};
+}
+
+void check_apart(std::initializer_list<NamedTensor> written, std::initializer_list<NamedTensor> others) {
+  for (const NamedTensor& w : written) {
+    if (w.t == nullptr || w.t->numel() == 0) continue;
+    const ByteSpan a = byte_span(*w.t);
+    for (const NamedTensor& o : others) {
+      if (o.t == nullptr || o.t->numel() == 0 || o.t->device() != w.t->device()) continue;
+      const ByteSpan b = byte_span(*o.t);
+      TORCH_CHECK_VALUE(a.last <= b.first || b.last <= a.first, w.name, " (written by this op) "
+                        "must not share memory with ", o.name, ": their bytes overlap; pass a "
+                        "separate tensor (clone() it)");
+    }
+  }
+}
+
 int64_t check_slot_mapping(const at::Tensor& sm, const at::Tensor& view, const char* view_arg) {
   TORCH_CHECK_TYPE(sm.scalar_type() == at::kLong, "slot_mapping must be int64, got ",
                    sm.scalar_type());

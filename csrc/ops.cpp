@@ -61,8 +61,10 @@ void run_write(const Tensor& view, const Tensor& slot_mapping, const Params& p, 
 void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot_mapping,
                        S kv_cache_dtype, const std::optional<Tensor>& scale) {
   NvtxRange range("kvc::reshape_and_cache");
-  run_write(view, slot_mapping, plain_write_args(key, view, slot_mapping, sv(kv_cache_dtype), scale),
-            cpu::plain_write,
+  const PlainWriteParams p = plain_write_args(key, view, slot_mapping, sv(kv_cache_dtype), scale);
+  check_apart({named(view, "view")},
+              {named(key, "key"), named(slot_mapping, "slot_mapping"), named(scale, "scale")});
+  run_write(view, slot_mapping, p, cpu::plain_write,
             [](const PlainWriteParams& p, void* s) { KVC_CUDA(cuda::plain_write(p, s)); });
 }
 
@@ -78,6 +80,9 @@ void reshape_and_cache_kv(const Tensor& key, const Tensor& value, const Tensor& 
   TORCH_CHECK_VALUE(k.view.num_slots() == v.view.num_slots() && k_view.device() == v_view.device(),
                     "k_view and v_view must share one block table (same num_blocks x block_size) "
                     "and device, got ", k.view.num_slots(), " and ", v.view.num_slots(), " slots");
+  check_apart({named(k_view, "k_view"), named(v_view, "v_view")},
+              {named(key, "key"), named(value, "value"), named(slot_mapping, "slot_mapping"),
+               named(k_scale, "k_scale"), named(v_scale, "v_scale")});
   run_write(k_view, slot_mapping, k,
             [&](const PlainWriteParams& p) { cpu::plain_write(p); cpu::plain_write(v); },
             [&](const PlainWriteParams& p, void* s) { KVC_CUDA(cuda::kv_write(p, v, s)); });
@@ -87,17 +92,18 @@ void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& 
                           const Tensor& slot_mapping, S kv_cache_dtype,
                           const std::optional<Tensor>& scale) {
   NvtxRange range("kvc::concat_and_cache_mla");
-  run_write(view, slot_mapping,
-            mla_write_args(kv_c, k_pe, view, slot_mapping, sv(kv_cache_dtype), scale),
-            cpu::mla_write, [](const MlaWriteParams& p, void* s) { KVC_CUDA(cuda::mla_write(p, s)); });
+  const MlaWriteParams p = mla_write_args(kv_c, k_pe, view, slot_mapping, sv(kv_cache_dtype), scale);
+  check_apart({named(view, "view")}, {named(kv_c, "kv_c"), named(k_pe, "k_pe"),
+                                      named(slot_mapping, "slot_mapping"), named(scale, "scale")});
+  run_write(view, slot_mapping, p, cpu::mla_write, [](const MlaWriteParams& p, void* s) { KVC_CUDA(cuda::mla_write(p, s)); });
 }
 
 void indexer_k_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping,
                                OS scale_fmt, S placement) {
   NvtxRange range("kvc::indexer_k_quant_and_cache");
-  run_write(view, slot_mapping,
-            indexer_write_args(k, view, slot_mapping, osv(scale_fmt), sv(placement)),
-            cpu::indexer_write,
+  const IndexerWriteParams p = indexer_write_args(k, view, slot_mapping, osv(scale_fmt), sv(placement));
+  check_apart({named(view, "view")}, {named(k, "k"), named(slot_mapping, "slot_mapping")});
+  run_write(view, slot_mapping, p, cpu::indexer_write,
             [](const IndexerWriteParams& p, void* s) { KVC_CUDA(cuda::indexer_write(p, s)); });
 }
 
@@ -119,6 +125,9 @@ void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, c
   TORCH_CHECK_VALUE(mla.view.num_slots() == idx.view.num_slots(),
                     "mla_view and indexer_view must share one block table (same num_blocks x "
                     "block_size), got ", mla.view.num_slots(), " and ", idx.view.num_slots(), " slots");
+  check_apart({named(mla_view, "mla_view"), named(indexer_view, "indexer_view")},
+              {named(kv_c, "kv_c"), named(k_pe, "k_pe"), named(k_idx, "k_idx"),
+               named(slot_mapping, "slot_mapping")});
   run_write(mla_view, slot_mapping, mla,
             [&](const MlaWriteParams& p) { cpu::mla_write(p); cpu::indexer_write(idx); },
             [&](const MlaWriteParams& p, void* s) { KVC_CUDA(cuda::dsa_write(p, idx, s)); });
@@ -130,6 +139,14 @@ GatherSource on_cpu(const GatherSource& g) {
     return t ? std::optional<Tensor>(t->cpu()) : std::nullopt;
   };
   return {cpu(g.block_table), cpu(g.cu_seq_lens), cpu(g.seq_starts), cpu(g.slots)};
+}
+
+// A gather's outputs apart from what it reads (check_apart).
+void check_outputs_apart(std::initializer_list<NamedTensor> outs, const Tensor& view,
+                         const GatherSource& src, const std::optional<Tensor>& scale = std::nullopt) {
+  check_apart(outs, {named(view, "view"), named(src.block_table, "block_table"),
+                     named(src.cu_seq_lens, "cu_seq_lens"), named(src.seq_starts, "seq_starts"),
+                     named(src.slots, "slots"), named(scale, "scale")});
 }
 
 // Gathers write only their outputs and never read outside the view, so unvalidated calls are
@@ -146,8 +163,9 @@ void run_gather(const Tensor& view, const GatherSource& src, const Params& p, bo
 
 void run_mla_gather(const Tensor& view, const GatherSource& src, S kv_cache_dtype,
                     const Tensor& out, bool validate, const std::optional<Tensor>& scale) {
-  run_gather(view, src, mla_gather_args(view, src, sv(kv_cache_dtype), out, scale), validate,
-             cpu::mla_gather, [](const MlaGatherParams& p, void* s) { KVC_CUDA(cuda::mla_gather(p, s)); });
+  const MlaGatherParams p = mla_gather_args(view, src, sv(kv_cache_dtype), out, scale);
+  check_outputs_apart({named(out, "out")}, view, src, scale);
+  run_gather(view, src, p, validate, cpu::mla_gather, [](const MlaGatherParams& p, void* s) { KVC_CUDA(cuda::mla_gather(p, s)); });
 }
 
 void gather_mla(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
@@ -170,7 +188,9 @@ void gather_kv(const Tensor& view, const Tensor& block_table, const Tensor& cu_s
                const std::optional<Tensor>& scale) {
   NvtxRange range("kvc::gather_kv");
   const GatherSource src{block_table, cu_seq_lens, seq_starts, std::nullopt};
-  run_gather(view, src, kv_gather_args(view, src, out, scale), validate, cpu::kv_gather,
+  const KvGatherParams p = kv_gather_args(view, src, out, scale);
+  check_outputs_apart({named(out, "out")}, view, src, scale);
+  run_gather(view, src, p, validate, cpu::kv_gather,
              [](const KvGatherParams& p, void* s) { KVC_CUDA(cuda::kv_gather(p, s)); });
 }
 
@@ -179,14 +199,18 @@ void gather_kv_slots(const Tensor& view, const Tensor& slots, const Tensor& out,
                      const std::optional<Tensor>& scale) {
   NvtxRange range("kvc::gather_kv_slots");
   const GatherSource src{std::nullopt, std::nullopt, std::nullopt, slots};
-  run_gather(view, src, kv_gather_args(view, src, out, scale), validate, cpu::kv_gather,
+  const KvGatherParams p = kv_gather_args(view, src, out, scale);
+  check_outputs_apart({named(out, "out")}, view, src, scale);
+  run_gather(view, src, p, validate, cpu::kv_gather,
              [](const KvGatherParams& p, void* s) { KVC_CUDA(cuda::kv_gather(p, s)); });
 }
 
 void run_indexer_gather(const Tensor& view, const GatherSource& src, S placement,
                         const Tensor& codes, const Tensor& scales, bool validate) {
-  run_gather(view, src, indexer_gather_args(view, src, sv(placement), codes, scales), validate,
-             cpu::indexer_gather,
+  const IndexerGatherParams p = indexer_gather_args(view, src, sv(placement), codes, scales);
+  check_outputs_apart({named(codes, "codes"), named(scales, "scales")}, view, src);
+  check_apart({named(codes, "codes")}, {named(scales, "scales")});
+  run_gather(view, src, p, validate, cpu::indexer_gather,
              [](const IndexerGatherParams& p, void* s) { KVC_CUDA(cuda::indexer_gather(p, s)); });
 }
 
@@ -209,9 +233,9 @@ void gather_indexer_slots(const Tensor& view, const Tensor& slots, S placement,
 void v4_quant_and_cache(const Tensor& x, const Tensor& view, const Tensor& slot_mapping, S format,
                         S scale_floor) {
   NvtxRange range("kvc::v4_quant_and_cache");
-  run_write(view, slot_mapping,
-            v4_write_args(x, view, slot_mapping, parse_v4_format(sv(format)), sv(scale_floor)),
-            cpu::v4_write, [](const V4WriteParams& p, void* s) { KVC_CUDA(cuda::v4_write(p, s)); });
+  const V4WriteParams p = v4_write_args(x, view, slot_mapping, parse_v4_format(sv(format)), sv(scale_floor));
+  check_apart({named(view, "view")}, {named(x, "x"), named(slot_mapping, "slot_mapping")});
+  run_write(view, slot_mapping, p, cpu::v4_write, [](const V4WriteParams& p, void* s) { KVC_CUDA(cuda::v4_write(p, s)); });
 }
 
 // DeepSeek-V4's compressed pair (main KV + MXFP4 indexer) at one compressed slot_mapping.
@@ -220,6 +244,8 @@ void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
   NvtxRange range("kvc::v4_dsa_write");
   const V4PairArgs a = v4_pair_write_args(kv, mla_view, k_idx, indexer_view, slot_mapping,
                                           sv(scale_floor));
+  check_apart({named(mla_view, "mla_view"), named(indexer_view, "indexer_view")},
+              {named(kv, "kv"), named(k_idx, "k_idx"), named(slot_mapping, "slot_mapping")});
   run_write(mla_view, slot_mapping, a.mla,
             [&](const V4WriteParams& p) { cpu::v4_pair_write(p, a.idx); },
             [&](const V4WriteParams& p, void* s) { KVC_CUDA(cuda::v4_pair_write(p, a.idx, s)); });
@@ -227,8 +253,9 @@ void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
 
 void run_v4_gather(const Tensor& view, const GatherSource& src, S format, const Tensor& out,
                    bool validate) {
-  run_gather(view, src, v4_gather_args(view, src, parse_v4_format(sv(format)), out), validate,
-             cpu::v4_gather, [](const V4GatherParams& p, void* s) { KVC_CUDA(cuda::v4_gather(p, s)); });
+  const V4GatherParams p = v4_gather_args(view, src, parse_v4_format(sv(format)), out);
+  check_outputs_apart({named(out, "out")}, view, src);
+  run_gather(view, src, p, validate, cpu::v4_gather, [](const V4GatherParams& p, void* s) { KVC_CUDA(cuda::v4_gather(p, s)); });
 }
 
 void gather_v4(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
@@ -250,6 +277,10 @@ void gather_v4_window(const Tensor& c_view, const Tensor& c_block_table, const T
   NvtxRange range("kvc::gather_v4_window");
   const WindowSource src{c_block_table, swa_block_table, seq_lens, cu_out};
   const V4WindowGatherParams p = v4_window_gather_args(c_view, swa_view, src, ratio, window, out);
+  check_apart({named(out, "out")}, {named(c_view, "c_view"), named(swa_view, "swa_view"),
+                                    named(c_block_table, "c_block_table"),
+                                    named(swa_block_table, "swa_block_table"),
+                                    named(seq_lens, "seq_lens"), named(cu_out, "cu_out")});
   if (validate) {
     check_window_source(c_view.is_cpu() ? src
                                         : WindowSource{c_block_table.cpu(), swa_block_table.cpu(),
