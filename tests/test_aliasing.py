@@ -173,3 +173,29 @@ def test_separate_tensors_next_to_the_view_are_accepted(device):
     assert torch.equal(codes.cpu(), want_codes.cpu())
     gc.whole_expected[end:end + T * 128] = want_codes.cpu().flatten()
     gc.assert_matches()
+
+
+def test_a_view_whose_rows_overlap_is_refused(device):
+    """A hand-made view whose token stride is shorter than a row (or whose blocks repeat, as
+    expand() gives) would let one row's write change another's."""
+    x, k, slots = inputs(device)
+    gc = dsa_cache(device)
+    view = gc.view("indexer", 0)
+    short = torch.as_strided(view, view.shape, (view.stride(0), view.stride(1), 100, 1), view.storage_offset())
+    with pytest.raises(ValueError, match=r"view rows must not overlap one another: strides \[.*\] step less "
+                                         r"than the 132 bytes"):
+        kvc.ops.indexer_k_quant_and_cache(k, short, slots)
+    repeated = view[:1].expand(4, -1, -1, -1)
+    with pytest.raises(ValueError, match="view rows must not overlap one another"):
+        kvc.ops.indexer_k_quant_and_cache(k, repeated, slots)
+    with pytest.raises(ValueError, match="view rows must not overlap one another"):
+        kvc.ops.gather_indexer_slots(repeated, slots)
+    gc.assert_unchanged()
+
+
+def test_an_out_whose_rows_share_memory_is_refused(device):
+    x, k, slots = inputs(device)
+    gc = dsa_cache(device)
+    out = torch.empty(1, 576, dtype=torch.bfloat16, device=device).expand(T, 576)
+    with pytest.raises(ValueError, match=r"out \(written by this op\) must not have elements sharing memory"):
+        kvc.ops.gather_mla_slots(gc.view("mla", 0), slots, out=out)

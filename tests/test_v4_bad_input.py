@@ -41,7 +41,9 @@ def test_bad_input_is_refused_before_writing():
         (ValueError, r"both slot 1", lambda: o4.v4_mla_quant_and_cache(kv, c4, torch.tensor([1, 0, 1, 2]))),
         (ValueError, r"must hold at least slot_mapping.numel\(\) = 4", lambda: o4.v4_mla_quant_and_cache(
             kv[:3], c4, ok)),
-        (ValueError, r"1 head", lambda: o4.v4_mla_quant_and_cache(kv, c4.expand(3, 2, 64, 584), ok)),
+        (ValueError, r"1 head", lambda: o4.v4_mla_quant_and_cache(kv, torch.as_strided(  # a block as 2 x 32 rows
+            c4, (3, 2, 32, 584), (c4.stride(0), 32 * 584, 584, 1), c4.storage_offset()), ok)),
+        (ValueError, r"rows must not overlap", lambda: o4.v4_mla_quant_and_cache(kv, c4.expand(3, 2, 64, 584), ok)),
     ]
     for exc, msg, call in cases:
         with pytest.raises(exc, match=msg):
