@@ -1,12 +1,11 @@
 #include "op_args.h"
 
-#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <utility>
+#include <vector>
 #include <string>
 
 namespace kvc {
@@ -75,6 +74,22 @@ ByteSpan byte_span(const at::Tensor& t) {
 }
 }  // namespace
 
+// Whether two elements may share memory: taken from the smallest stride up, each dimension must
+// step over at least what the dimensions inside it cover (enough for no overlap, and what every
+// view of a plan and every dense or sliced tensor satisfies).
+bool may_overlap_itself(const at::Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size) of dimensions of size > 1
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) > 1) dims.emplace_back(std::abs(t.stride(d)), t.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t covered = 1;  // elements
+  for (const auto& [stride, n] : dims) {
+    if (stride < covered) return true;
+    covered += (n - 1) * stride;
+  }
+  return false;
+}
+
 NamedTensor named(const at::Tensor& t, const char* name) { return {&t, name}; }
 NamedTensor named(const std::optional<at::Tensor>& t, const char* name) {
   return {t ? &*t : nullptr, name};
@@ -83,9 +98,9 @@ NamedTensor named(const std::optional<at::Tensor>& t, const char* name) {
 void check_apart(std::initializer_list<NamedTensor> written, std::initializer_list<NamedTensor> others) {
   for (const NamedTensor& w : written) {
     if (w.t == nullptr || w.t->numel() == 0) continue;
-    TORCH_CHECK_VALUE(at::has_internal_overlap(*w.t) != at::MemOverlap::Yes, w.name,
-                      " (written by this op) must not have elements sharing memory (as expand() "
-                      "gives), got strides ", w.t->strides());
+    TORCH_CHECK_VALUE(!may_overlap_itself(*w.t), w.name, " (written by this op) must not have "
+                      "elements sharing memory (as expand() gives), got shape ", shape_str(*w.t),
+                      " and strides ", w.t->strides());
     const ByteSpan a = byte_span(*w.t);
     for (const NamedTensor& o : others) {
       if (o.t == nullptr || o.t->numel() == 0 || o.t->device() != w.t->device()) continue;
@@ -243,19 +258,9 @@ PagedView paged_view(const at::Tensor& view, const char* arg) {
   v.token_stride = view.stride(2);
   TORCH_CHECK_VALUE(v.num_blocks > 0 && v.num_heads > 0 && v.block_size > 0 && v.row_bytes > 0,
                     arg, " must not be empty, got shape ", shape_str(view));
-  // Rows must not share bytes (one row's write would change another): taken from the smallest
-  // stride up, each stride steps over at least what the dimensions inside it cover.
-  std::pair<int64_t, int64_t> dims[] = {{v.token_stride, v.block_size}, {v.head_stride, v.num_heads},
-                                        {v.block_stride, v.num_blocks}};
-  std::sort(std::begin(dims), std::end(dims));
-  int64_t covered = v.row_bytes;
-  for (const auto& [stride, n] : dims) {
-    if (n == 1) continue;
-    TORCH_CHECK_VALUE(stride >= covered, arg, " rows must not overlap one another: strides ",
-                      view.strides(), " step less than the ", covered, " bytes they step over "
-                      "(shape ", shape_str(view), ")");
-    covered += (n - 1) * stride;
-  }
+  TORCH_CHECK_VALUE(!may_overlap_itself(view), arg, " rows must not overlap one another: strides ",
+                    view.strides(), " step over less than the dimensions inside them cover (shape ",
+                    shape_str(view), ")");
   return v;
 }
 

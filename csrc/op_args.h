@@ -66,6 +66,7 @@ TokenSource token_source(const GatherSource& g, const at::Tensor& view, int64_t 
 // slot_mapping lie in the cache would read bytes it is changing. Each tensor counts as the span
 // from its lowest to its highest byte, so one lying in a strided view's gaps counts as
 // overlapping. Only tensors on one device are compared; empty ones and absent ones are skipped.
+bool may_overlap_itself(const at::Tensor& t);  // two elements might share memory
 struct NamedTensor {
   const at::Tensor* t;  // null: an absent optional argument
   const char* name;

@@ -182,8 +182,8 @@ def test_a_view_whose_rows_overlap_is_refused(device):
     gc = dsa_cache(device)
     view = gc.view("indexer", 0)
     short = torch.as_strided(view, view.shape, (view.stride(0), view.stride(1), 100, 1), view.storage_offset())
-    with pytest.raises(ValueError, match=r"view rows must not overlap one another: strides \[.*\] step less "
-                                         r"than the 132 bytes"):
+    with pytest.raises(ValueError, match=r"view rows must not overlap one another: strides \[2112, 132, 100, 1\] "
+                                         r"step over less than the dimensions inside them cover"):
         kvc.ops.indexer_k_quant_and_cache(k, short, slots)
     repeated = view[:1].expand(4, -1, -1, -1)
     with pytest.raises(ValueError, match="view rows must not overlap one another"):
@@ -196,6 +196,9 @@ def test_a_view_whose_rows_overlap_is_refused(device):
 def test_an_out_whose_rows_share_memory_is_refused(device):
     x, k, slots = inputs(device)
     gc = dsa_cache(device)
-    out = torch.empty(1, 576, dtype=torch.bfloat16, device=device).expand(T, 576)
-    with pytest.raises(ValueError, match=r"out \(written by this op\) must not have elements sharing memory"):
-        kvc.ops.gather_mla_slots(gc.view("mla", 0), slots, out=out)
+    repeated = torch.empty(1, 576, dtype=torch.bfloat16, device=device).expand(T, 576)
+    buf = torch.empty(T * 576, dtype=torch.bfloat16, device=device)
+    shingled = torch.as_strided(buf, (T, 576), (300, 1))  # row t + 1 starts inside row t
+    for out in (repeated, shingled):
+        with pytest.raises(ValueError, match=r"out \(written by this op\) must not have elements sharing memory"):
+            kvc.ops.gather_mla_slots(gc.view("mla", 0), slots, out=out)
