@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "kernels.h"
+#include "overlap.h"
 
 namespace kvc {
 
@@ -60,20 +61,6 @@ IndexerGatherParams indexer_gather_args(const at::Tensor& view, const GatherSour
                                         std::string_view placement, const at::Tensor& codes,
                                         const at::Tensor& scales);
 TokenSource token_source(const GatherSource& g, const at::Tensor& view, int64_t out_rows);
-
-// A tensor an op writes must not share bytes with another of its arguments (torch's rule for
-// out= arguments): a gather into the cache it reads would overwrite rows; a write whose inputs or
-// slot_mapping lie in the cache would read bytes it is changing. Each tensor counts as the span
-// from its lowest to its highest byte, so one lying in a strided view's gaps counts as
-// overlapping. Only tensors on one device are compared; empty ones and absent ones are skipped.
-bool may_overlap_itself(const at::Tensor& t);  // two elements might share memory
-struct NamedTensor {
-  const at::Tensor* t;  // null: an absent optional argument
-  const char* name;
-};
-NamedTensor named(const at::Tensor& t, const char* name);
-NamedTensor named(const std::optional<at::Tensor>& t, const char* name);
-void check_apart(std::initializer_list<NamedTensor> written, std::initializer_list<NamedTensor> others);
 
 // Host-side checks that read tensor values (op_checks.cpp). They take CPU tensors (the CUDA backend copies
 // the small metadata tensors first) and run before anything is written.

@@ -31,7 +31,8 @@ def simt():
     build.mkdir(parents=True, exist_ok=True)
     return load(name="kvc_simt_host",
                 sources=[str(ROOT / "tests/simt/simt_ops.cpp"), str(ROOT / "csrc/op_args.cpp"),
-                         str(ROOT / "csrc/op_checks.cpp"), str(ROOT / "csrc/v4_args.cpp")],
+                         str(ROOT / "csrc/op_checks.cpp"), str(ROOT / "csrc/overlap.cpp"),
+                         str(ROOT / "csrc/v4_args.cpp")],
                 extra_include_paths=[str(ROOT / "csrc"), str(ROOT / "tests/simt")],
                 extra_cflags=["-O1", "-std=c++20", "-ffp-contract=off", "-fno-trapping-math"],
                 build_directory=str(build), verbose=False)
