@@ -1,15 +1,16 @@
-// Host program: the AVX2 and AVX-512 row loops (csrc/cpu/rows_avx2.cpp, rows_avx512.cpp) against
-// the scalar ones (csrc/cpu/rows.cpp) byte for byte, each that this CPU has (AVX-512 also with
-// its AVX512-BF16 decoding). fp32 -> e4m3 over every one of the 2^32 float bit patterns with a
-// power-of-two, a non-power-of-two and a negative scale, and a sample of them under zero, inf,
-// NaN and tiny scales; every bf16 / fp16 pattern under many scales; several tiles per call with
-// tails; every code decoded to bf16 / fp16 / fp32 under ordinary, extreme and 2000 random
-// scales; MXFP4 codes of every bf16 pattern under every block exponent, and every packed byte
-// decoded under every scale byte; amax with NaN, inf and lengths that leave scalar tails;
-// streaming copies at every alignment. Prints "mismatches: N"; exit status 1 if any.
+// Host program: the AVX2 and AVX-512 row loops (csrc/cpu/rows_avx2.cpp, rows_avx512.cpp,
+// rows_avx512_decode.cpp) against the scalar ones (csrc/cpu/rows.cpp) byte for byte, each that
+// this CPU has (AVX-512 also with its AVX512-BF16 decoding). fp32 -> e4m3 over every one of the
+// 2^32 float bit patterns with a power-of-two, a non-power-of-two and a negative scale, and a
+// sample of them under zero, inf, NaN and tiny scales; every bf16 / fp16 pattern under many
+// scales; several tiles per call with tails; every code decoded to bf16 / fp16 / fp32 under
+// ordinary, extreme, 2000 random and 96 bf16-tie scales; MXFP4 codes of every bf16 pattern under
+// every block exponent, and every packed byte decoded under every scale byte; amax with NaN, inf
+// and lengths that leave scalar tails; streaming copies at every alignment. Prints
+// "mismatches: N"; exit status 1 if any.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <algorithm>
 #include <cstring>
 #include <emmintrin.h>
 #include <memory>
@@ -184,6 +185,13 @@ static void compare(const Impl& simd) {
   for (int i = 0; i < 2000; ++i)
     decode_scales.push_back(std::ldexp(1.0f + static_cast<float>(gs() % (1u << 23)) / (1u << 23),
                                        static_cast<int>(gs() % 201) - 100) * (i % 3 ? 1.0f : -1.0f));
+  for (int i = 0; i < 96; ++i) {  // scales whose products by power-of-two codes are bf16 ties (low
+    // 16 bits 0x8000), one ulp off them (0x7FFF with bit 16 set, 0x8001), across the fast range
+    const uint32_t low = i % 3 == 0 ? 0x8000u : i % 3 == 1 ? 0x17FFFu : 0x8001u;
+    const uint32_t mantissa = ((gs() % 64u) << 17) | low;
+    decode_scales.push_back(std::ldexp(1.0f + static_cast<float>(mantissa) / (1u << 23),
+                                       static_cast<int>(gs() % 201) - 100) * (i % 2 ? 1.0f : -1.0f));
+  }
   for (DType t : {DType::kBFloat16, DType::kFloat16, DType::kFloat32}) {
     for (float scale : decode_scales) {
       const size_t bytes = codes.size() * kvc::dtype_size(t);

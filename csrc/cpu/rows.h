@@ -95,6 +95,16 @@ inline int32_t pow2_exponent(float s) {
   return (u & 0x7FFFFFu) == 0 && e >= -100 && e <= 100 ? e : kNotPow2;
 }
 
+// Scales with 2^-100 <= |s| <= 2^100 (every scale but the FLT_MIN floor of all-zero or tiny MLA
+// tiles, and absurd per-tensor ones) make each product of a code's value (0 or >= 2^-9 in
+// magnitude) a normal float or 0, and 256 s exact: the SIMD decoders' fast path (codes widened
+// through fp16 in hardware, 256 s folded in, bf16 rounded as for normal floats). Other scales,
+// fp16 output and tails take the general loop.
+inline bool decodes_fast(float scale) {
+  const uint32_t a = float_bits(scale) & 0x7FFFFFFFu;
+  return a >= 0x0D800000u && a <= 0x71800000u;  // 2^-100, 2^100
+}
+
 // The implementation the public functions use: "scalar", "avx2" or "avx512".
 const char* isa();
 

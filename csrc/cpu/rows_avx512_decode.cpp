@@ -68,15 +68,6 @@ KVC_AVX512_INLINE __mmask32 nan_codes(__m512i c) {
   return _mm512_cmpeq_epi16_mask(_mm512_and_si512(c, _mm512_set1_epi16(0x7F)), _mm512_set1_epi16(0x7F));
 }
 
-// Scales with 2^-100 <= |s| <= 2^100 (every scale but the FLT_MIN floor of all-zero or tiny MLA
-// tiles, and absurd per-tensor ones) make each product of a
-// code's value (0 or >= 2^-9 in magnitude) a normal float or 0, and 256 s exact: 32 codes per
-// step through the hardware fp16 widening. Other scales, fp16 output and tails: 16 at a time.
-inline bool decodes_fast(float scale) {
-  const float a = std::fabs(scale);
-  return a >= 0x1p-100f && a <= 0x1p100f;
-}
-
 // The values of 32 codes times s256 / 256, in lo (codes 0-15) and hi (16-31); returns the NaN
 // codes' lanes.
 KVC_AVX512_INLINE __mmask32 decoded32(const uint8_t* codes, __m512 s256, __m512* lo, __m512* hi) {
@@ -99,6 +90,20 @@ KVC_AVX512 void decode_row(const uint8_t* codes, int64_t n, float scale, DType o
       float* o = reinterpret_cast<float*>(out) + i;
       _mm512_storeu_ps(o, _mm512_mask_mov_ps(lo, static_cast<__mmask16>(bad), nan));
       _mm512_storeu_ps(o + 16, _mm512_mask_mov_ps(hi, static_cast<__mmask16>(bad >> 16), nan));
+    }
+  } else if (out_dtype == DType::kBFloat16 && decodes_fast(scale)) {  // CPUs without AVX512-BF16
+    const __m512 s = _mm512_set1_ps(scale * 256.0f);
+    for (; i + 32 <= n; i += 32) {
+      __m512 lo, hi;
+      const __mmask32 bad = decoded32(codes + i, s, &lo, &hi);
+      // round to nearest even on the bits (products are normal or 0), then keep the high words
+      const __m512i ul = _mm512_castps_si512(lo), uh = _mm512_castps_si512(hi);
+      const __m512i rl = _mm512_add_epi32(ul, _mm512_add_epi32(splat(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(ul, 16), splat(1))));
+      const __m512i rh = _mm512_add_epi32(uh, _mm512_add_epi32(splat(0x7FFF), _mm512_and_si512(_mm512_srli_epi32(uh, 16), splat(1))));
+      const __m512i r = _mm512_permutex2var_epi16(rl, _mm512_set_epi16(
+          63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+          31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1), rh);
+      _mm512_storeu_si512(out + i * 2, _mm512_mask_mov_epi16(r, bad, _mm512_set1_epi16(0x7FC0)));
     }
   }
   const __m512 s = _mm512_set1_ps(scale);
