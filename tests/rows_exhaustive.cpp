@@ -228,7 +228,7 @@ int main() {
   const Impl impls[] = {
       {"avx2", kvc::cpu::avx2::supported, kvc::cpu::avx2::row_amax, kvc::cpu::avx2::quantize_row,
        kvc::cpu::avx2::decode_row, avx2_tile_amax, kvc::cpu::avx2::quantize_tiles,
-       kvc::cpu::scalar::stream_copy, nullptr, kvc::cpu::avx2::e2m1_decode_blocks},
+       kvc::cpu::scalar::stream_copy, kvc::cpu::avx2::e2m1_blocks, kvc::cpu::avx2::e2m1_decode_blocks},
       {"avx512", kvc::cpu::avx512::supported, kvc::cpu::avx512::row_amax,
        kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row, kvc::cpu::avx512::tile_amax,
        kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy, kvc::cpu::avx512::e2m1_blocks,

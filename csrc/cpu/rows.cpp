@@ -138,8 +138,11 @@ void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64
 }
 
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
-  if (kIsa == Isa::kAvx512) return avx512::e2m1_blocks(x, blocks, exps, packed);
-  scalar::e2m1_blocks(x, blocks, exps, packed);
+  switch (kIsa) {
+    case Isa::kAvx512: return avx512::e2m1_blocks(x, blocks, exps, packed);
+    case Isa::kAvx2: return avx2::e2m1_blocks(x, blocks, exps, packed);
+    default: return scalar::e2m1_blocks(x, blocks, exps, packed);
+  }
 }
 
 void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,

@@ -6,6 +6,8 @@
 // only when supported() says the CPU has both.
 #include "rows.h"
 
+#include "../v4_rows.h"
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
@@ -319,6 +321,50 @@ KVC_AVX2 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out
   scalar::decode_row(codes + i, n - i, scale, out_dtype, out + i * es);
 }
 
+// e2m1 codes by 16-bit lanes, 16 per register (two per block), as the AVX-512 encoder does: x /
+// 2^e is x's bf16 pattern with e taken off its exponent field, and the code's magnitude counts
+// the rounding thresholds the pattern passes. AVX2 compares 16-bit lanes as signed: patterns
+// are capped at 0x7FFF first (anything that large is past the top threshold anyway). Blocks
+// holding inf or NaN, or with e < -100, are done again by the scalar loop after the others.
+KVC_AVX2_INLINE bool e2m1_rare(const uint16_t* block, int32_t e) {
+  const __m256i big = _mm256_set1_epi16(0x7F7F);
+  const __m256i m0 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)), _mm256_set1_epi16(0x7FFF));
+  const __m256i m1 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16)), _mm256_set1_epi16(0x7FFF));
+  return e < -100 || _mm256_movemask_epi8(_mm256_or_si256(_mm256_cmpgt_epi16(m0, big), _mm256_cmpgt_epi16(m1, big))) != 0;
+}
+
+KVC_AVX2 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
+  // |v| > 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5, >= 3.5, > 5 as bf16 patterns (>= t as > t - 1)
+  constexpr int16_t kAbove[] = {0x3E80, 0x3F3F, 0x3FA0, 0x3FDF, 0x4020, 0x405F, 0x40A0};
+  // the low byte of each 32-bit lane (one packed byte per pair of values), 4 per 128-bit half
+  const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  bool rare = false;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int32_t e = exps[b];
+    rare |= e2m1_rare(x + b * kMxfp4Block, e);
+    const __m256i shift = _mm256_set1_epi16(static_cast<int16_t>((e < 0 ? -e : e) << 7));
+    __m256i bytes[2];
+    for (int h = 0; h < 2; ++h) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * kMxfp4Block + 16 * h));
+      const __m256i m = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+      __m256i a = e >= 0 ? _mm256_subs_epu16(m, shift) : _mm256_adds_epu16(m, shift);
+      a = _mm256_min_epu16(a, _mm256_set1_epi16(0x7FFF));
+      __m256i code = _mm256_setzero_si256();
+      for (int16_t t : kAbove) code = _mm256_sub_epi16(code, _mm256_cmpgt_epi16(a, _mm256_set1_epi16(t)));
+      code = _mm256_or_si256(code, _mm256_and_si256(_mm256_srli_epi16(v, 12), _mm256_set1_epi16(8)));  // sign
+      // word pairs (even, odd) -> the low byte of their 32-bit lane: even | odd << 4
+      bytes[h] = _mm256_shuffle_epi8(_mm256_or_si256(code, _mm256_srli_epi32(code, 12)), pick);
+    }
+    // dword 0 of each half holds 4 bytes: bytes[0] values 0-7 | 8-15, bytes[1] 16-23 | 24-31
+    const __m256i both = _mm256_unpacklo_epi32(bytes[0], bytes[1]);  // halves: (0-7, 16-23), (8-15, 24-31)
+    const __m128i r = _mm_unpacklo_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + b * kMxfp4Block / 2), r);
+  }
+  for (int64_t b = 0; rare && b < blocks; ++b)
+    if (e2m1_rare(x + b * kMxfp4Block, exps[b])) scalar::e2m1_blocks(x + b * kMxfp4Block, 1, &exps[b], packed + b * kMxfp4Block / 2);
+}
+
 // MXFP4 decoding, 16 values (8 packed bytes) per step: each code picks its word from the scale
 // byte's row of 16 by two 8-word permutes and a blend on the code's top bit.
 KVC_AVX2 void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
@@ -366,6 +412,9 @@ void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64
   for (int64_t k = 0; k < tiles; ++k)
     scalar::quantize_row(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile, scales[k],
                          out + k * tile);
+}
+void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
+  scalar::e2m1_blocks(x, blocks, exps, packed);
 }
 void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
                         const Mxfp4Words& words, uint8_t* out) {
