@@ -43,6 +43,7 @@ import kvcache_ext as kvc
 from kvcache_ext import ops_v4 as o4
 from kvcache_ext import reference as ref
 from kvcache_ext import reference_v4 as r4
+from kvcache_ext._ext import cpu_isa
 from kvcache_ext.timing import Timer, Timing, time_interleaved, time_samples
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -322,7 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(0)
-    tag = f"{'cuda' if device.type == 'cuda' else 'cpu'}{'_quick' if quick else ''}"
+    # a CPU run capped below the widest row loops (KVC_CPU_ISA=avx2) gets its own files
+    isa = cpu_isa() if device.type == "cpu" else None
+    capped = f"_{isa}" if isa and os.environ.get("KVC_CPU_ISA", "avx512") not in ("", "avx512") else ""
+    tag = f"{'cuda' if device.type == 'cuda' else 'cpu'}{capped}{'_quick' if quick else ''}"
 
     meta = {
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
@@ -330,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git_commit(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "threads": torch.get_num_threads(), "quick": quick, "block_size": BLOCK,
         "repeats": repeats, "complete": False, "stopped": "running",
-        "host": host_name(), "copy_bytes": copy_bytes(device),
+        "host": host_name(), "copy_bytes": copy_bytes(device), "cpu_isa": isa,
     }
     # The machine's usual copy bandwidth, read before this run may overwrite the file.
     usual_path = (Path(__file__).resolve().parent / "results" / f"bench_{device.type}.json"

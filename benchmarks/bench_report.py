@@ -248,7 +248,8 @@ def _spread_cell(r: Result) -> str:
 def markdown(results: list[Result], copy: dict, copies: list[dict], meta: dict,
              goals: list[Target], warnings: list[str], usual: dict | None = None) -> str:
     lines = [f"# kvcache_ext benchmark: {meta['device_name']}", "",
-             f"torch {meta['torch']}, CUDA {meta['cuda']}, commit {meta['commit'][:12]}, {meta['date']}", ""]
+             f"torch {meta['torch']}, CUDA {meta['cuda']}, commit {meta['commit'][:12]}, {meta['date']}"
+             + (f", CPU row loops: {meta['cpu_isa']}" if meta.get("cpu_isa") else ""), ""]
     pts = copy.get("checkpoints", [])
     if copy.get("gbps"):
         where = (f", {pts[0]['gbps']:.1f} at the start, {pts[-1]['gbps']:.1f} at the {pts[-1]['at']}, "

@@ -1,6 +1,9 @@
-// The op schemas (one TORCH_LIBRARY block) and the Python module stub that lets `import kvcache_ext._C` load this library.
+// The op schemas (one TORCH_LIBRARY block) and the Python module stub that lets `import kvcache_ext._C` load this
+// library (with one function, cpu_isa).
 #include <Python.h>
 #include <torch/library.h>
+
+#include "cpu/rows.h"
 
 // Implementations: ops.cpp (CPU, CUDA); fake/meta ones in kvcache_ext/fake.py.
 TORCH_LIBRARY(kvcache_ext, m) {
@@ -48,7 +51,15 @@ TORCH_LIBRARY(kvcache_ext, m) {
   m.def("copy_spans(Tensor src, Tensor(a!) dst, Tensor spans) -> ()");
 }
 
+namespace {
+// kvcache_ext._C.cpu_isa(): which row loops the CPU kernels run (picked at load time, capped by
+// KVC_CPU_ISA), for benchmark records.
+PyObject* cpu_isa(PyObject*, PyObject*) { return PyUnicode_FromString(kvc::cpu::isa()); }
+PyMethodDef methods[] = {{"cpu_isa", cpu_isa, METH_NOARGS, "the CPU kernels' row loops: scalar, avx2, avx512 or avx512+bf16"},
+                         {nullptr, nullptr, 0, nullptr}};
+}  // namespace
+
 extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   return PyModule_Create(&module);
 }

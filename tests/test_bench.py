@@ -269,3 +269,20 @@ def test_copy_yardstick_below_usual_figure_warns(tmp_path, capsys):
     assert any(w.startswith("copy yardstick far below usual") for w in data["warnings"])
     assert "warning: copy yardstick far below usual" in capsys.readouterr().err
     assert "copy yardstick far below usual" in (out / "bench_cpu.md").read_text()
+
+
+def test_a_run_with_capped_row_loops_gets_its_own_files(tmp_path, monkeypatch):
+    """KVC_CPU_ISA=avx2 (the loops CPUs without AVX-512 run) writes bench_cpu_avx2.*, and every
+    run records which loops it measured."""
+    monkeypatch.setattr(bench_cache_ops, "cpu_isa", lambda: "avx2")
+    monkeypatch.setenv("KVC_CPU_ISA", "avx2")
+    assert bench_cache_ops.main(["--device", "cpu", "--budget-s", "0", "--no-block-copies",
+                                 "--repeats", "2", "--out", str(tmp_path)]) == 0
+    assert not (tmp_path / "bench_cpu.json").exists()
+    assert json.loads((tmp_path / "bench_cpu_avx2.json").read_text())["meta"]["cpu_isa"] == "avx2"
+    assert "CPU row loops: avx2" in (tmp_path / "bench_cpu_avx2.md").read_text()
+    monkeypatch.delenv("KVC_CPU_ISA")
+    out = tmp_path / "widest"
+    assert bench_cache_ops.main(["--device", "cpu", "--budget-s", "0", "--no-block-copies",
+                                 "--repeats", "2", "--out", str(out)]) == 0
+    assert (out / "bench_cpu.json").exists()

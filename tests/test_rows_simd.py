@@ -52,12 +52,18 @@ def test_every_cpu_isa_gives_the_same_op_bytes():
             "o4.v4_dsa_write(x[:, :512], c4.view('v4', 0), k.to(torch.bfloat16) * 40, c4.view('mx', 0), s)\n"
             "v4 = [o4.gather_v4_slots(c4.view(n, 0), s, f, dtype=d).view(torch.uint8) for n, f in (('v4', 'fp8_ds_mla_v4'), ('mx', 'mxfp4')) for d in (torch.bfloat16, torch.float32)]\n"
             "print(hashlib.sha256(c.buffer.numpy().tobytes() + out.numpy().tobytes() + bf.numpy().tobytes()\n"
-            "                     + c4.buffer.numpy().tobytes() + b''.join(v.numpy().tobytes() for v in v4)).hexdigest())\n")
+            "                     + c4.buffer.numpy().tobytes() + b''.join(v.numpy().tobytes() for v in v4)).hexdigest())\n"
+            "from kvcache_ext._ext import cpu_isa\n"
+            "print(cpu_isa())\n")
     digests = {}
     for isa in ("scalar", "avx2", "avx512", "bogus"):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                            env=dict(os.environ, KVC_CPU_ISA=isa))
         assert r.returncode == 0, r.stderr
-        digests[isa] = r.stdout.strip()
+        digests[isa], ran = r.stdout.split()
+        if isa in ("scalar", "avx2"):  # the loops the library says it runs are the ones asked for
+            assert ran == isa or (isa == "avx2" and ran == "scalar"), (isa, ran)
+        else:
+            assert ran.split("+")[0] in ("avx512", "avx2", "scalar"), ran
         assert ("must be scalar, avx2 or avx512" in r.stderr) == (isa == "bogus")
     assert len(set(digests.values())) == 1, digests

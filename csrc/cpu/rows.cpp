@@ -104,7 +104,8 @@ const bool kBf16 = kIsa == Isa::kAvx512 && avx512::bf16_supported();
 }  // namespace
 
 const char* isa() {
-  return kIsa == Isa::kAvx512 ? "avx512" : kIsa == Isa::kAvx2 ? "avx2" : "scalar";
+  if (kIsa == Isa::kAvx512) return kBf16 ? "avx512+bf16" : "avx512";
+  return kIsa == Isa::kAvx2 ? "avx2" : "scalar";
 }
 
 float row_amax(const void* src, DType t, int64_t n) {

@@ -106,7 +106,7 @@ inline bool decodes_fast(float scale) {
   return a >= 0x0D800000u && a <= 0x71800000u;  // 2^-100, 2^100
 }
 
-// The implementation the public functions use: "scalar", "avx2" or "avx512".
+// The implementation the public functions use: "scalar", "avx2", "avx512" or "avx512+bf16".
 const char* isa();
 
 }  // namespace kvc::cpu
