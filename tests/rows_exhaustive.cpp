@@ -218,16 +218,10 @@ static void compare(const Impl& simd) {
   }
 }
 
-// The library's tile_amax under AVX2: its row_amax tile by tile.
-static void avx2_tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
-  for (int64_t k = 0; k < tiles; ++k)
-    amax[k] = kvc::cpu::avx2::row_amax(static_cast<const uint8_t*>(src) + k * stride * kvc::dtype_size(t), t, tile);
-}
-
 int main() {
   const Impl impls[] = {
       {"avx2", kvc::cpu::avx2::supported, kvc::cpu::avx2::row_amax, kvc::cpu::avx2::quantize_row,
-       kvc::cpu::avx2::decode_row, avx2_tile_amax, kvc::cpu::avx2::quantize_tiles,
+       kvc::cpu::avx2::decode_row, kvc::cpu::avx2::tile_amax, kvc::cpu::avx2::quantize_tiles,
        kvc::cpu::scalar::stream_copy, kvc::cpu::avx2::e2m1_blocks, kvc::cpu::avx2::e2m1_decode_blocks},
       {"avx512", kvc::cpu::avx512::supported, kvc::cpu::avx512::row_amax,
        kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row, kvc::cpu::avx512::tile_amax,

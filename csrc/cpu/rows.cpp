@@ -126,6 +126,7 @@ void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out
 
 void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
   if (kIsa == Isa::kAvx512) return avx512::tile_amax(src, t, tiles, tile, stride, amax);
+  if (kIsa == Isa::kAvx2) return avx2::tile_amax(src, t, tiles, tile, stride, amax);
   for (int64_t k = 0; k < tiles; ++k)
     amax[k] = row_amax(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile);
 }

@@ -63,8 +63,9 @@ namespace avx2 {
 bool supported();  // AVX2 and F16C, asked of the CPU once
 float row_amax(const void* src, DType t, int64_t n);
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
+void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax);
 void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
-                    uint8_t* out);  // (tile_amax: rows.cpp's loop over row_amax)
+                    uint8_t* out);
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
 void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,

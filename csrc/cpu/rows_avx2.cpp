@@ -102,12 +102,10 @@ KVC_AVX2_INLINE void store_u16x8(__m256i r, uint8_t* out) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
 }
 
+// max of the 16 words of m (the complement's minimum: phminposuw takes 8 words in one step).
 KVC_AVX2_INLINE uint32_t hmax_u16(__m256i m) {
-  __m128i x = _mm_max_epu16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
-  x = _mm_max_epu16(x, _mm_srli_si128(x, 8));
-  x = _mm_max_epu16(x, _mm_srli_si128(x, 4));
-  x = _mm_max_epu16(x, _mm_srli_si128(x, 2));
-  return static_cast<uint32_t>(_mm_extract_epi16(x, 0));
+  const __m128i x = _mm_max_epu16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  return static_cast<uint16_t>(~_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(x, _mm_set1_epi32(-1)))));
 }
 
 KVC_AVX2_INLINE uint32_t hmax_i32(__m256i m) {
@@ -125,32 +123,41 @@ bool supported() {
 }
 
 // 16-bit inputs: the amax of |x| taken on the 16-bit patterns (for non-negative bf16 / fp16 the
-// bit order is the value order; NaN patterns count as 0), then widened once.
-KVC_AVX2 float row_amax(const void* src, DType t, int64_t n) {
-  int64_t i = 0;
-  float tail = 0.0f;
-  if (t == DType::kFloat32) {
-    const float* f = static_cast<const float*>(src);
-    __m256i m = _mm256_setzero_si256();
-    for (; i + 8 <= n; i += 8) {
-      const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(f + i)), splat(0x7FFFFFFF));
-      m = _mm256_max_epi32(m, _mm256_andnot_si256(_mm256_cmpgt_epi32(a, splat(0x7F800000)), a));
+// bit order is the value order; NaN patterns count as 0), then widened once per tile.
+KVC_AVX2 void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
+  const __m256i abs32 = splat(0x7FFFFFFF), inf32 = splat(0x7F800000), abs16 = _mm256_set1_epi16(0x7FFF);
+  const __m256i inf16 = _mm256_set1_epi16(t == DType::kBFloat16 ? 0x7F80 : 0x7C00);
+  for (int64_t k = 0; k < tiles; ++k) {
+    const uint8_t* x = static_cast<const uint8_t*>(src) + k * stride * dtype_size(t);
+    int64_t i = 0;
+    float top = 0.0f;
+    if (t == DType::kFloat32) {
+      const float* f = reinterpret_cast<const float*>(x);
+      __m256i m = _mm256_setzero_si256();
+      for (; i + 8 <= tile; i += 8) {
+        const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(f + i)), abs32);
+        m = _mm256_max_epi32(m, _mm256_andnot_si256(_mm256_cmpgt_epi32(a, inf32), a));
+      }
+      top = bits_float(hmax_i32(m));
+    } else {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(x);
+      __m256i m = _mm256_setzero_si256();
+      for (; i + 16 <= tile; i += 16) {
+        const __m256i a = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i)), abs16);
+        m = _mm256_max_epu16(m, _mm256_andnot_si256(_mm256_cmpgt_epi16(a, inf16), a));
+      }
+      const uint16_t w = static_cast<uint16_t>(hmax_u16(m));
+      top = t == DType::kBFloat16 ? bf16_to_float(w) : fp16_to_float(w);
     }
-    tail = bits_float(hmax_i32(m));
-  } else {
-    const uint16_t* h = static_cast<const uint16_t*>(src);
-    const __m256i inf = _mm256_set1_epi16(t == DType::kBFloat16 ? 0x7F80 : 0x7C00);
-    __m256i m = _mm256_setzero_si256();
-    for (; i + 16 <= n; i += 16) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i));
-      const __m256i a = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
-      m = _mm256_max_epu16(m, _mm256_andnot_si256(_mm256_cmpgt_epi16(a, inf), a));
-    }
-    const uint16_t top = static_cast<uint16_t>(hmax_u16(m));
-    tail = t == DType::kBFloat16 ? bf16_to_float(top) : fp16_to_float(top);
+    const float rest = i < tile ? scalar::row_amax(x + i * dtype_size(t), t, tile - i) : 0.0f;
+    amax[k] = rest > top ? rest : top;
   }
-  const float rest = scalar::row_amax(static_cast<const uint8_t*>(src) + i * dtype_size(t), t, n - i);
-  return rest > tail ? rest : tail;
+}
+
+KVC_AVX2 float row_amax(const void* src, DType t, int64_t n) {
+  float m;
+  tile_amax(src, t, 1, n, n, &m);
+  return m;
 }
 
 namespace {
@@ -401,6 +408,10 @@ KVC_AVX2 void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_byt
 namespace kvc::cpu::avx2 {
 bool supported() { return false; }
 float row_amax(const void* src, DType t, int64_t n) { return scalar::row_amax(src, t, n); }
+void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
+  for (int64_t k = 0; k < tiles; ++k)
+    amax[k] = scalar::row_amax(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile);
+}
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
   scalar::quantize_row(src, t, n, scale, out);
 }
