@@ -325,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     # a CPU run capped below the widest row loops (KVC_CPU_ISA=avx2) gets its own files
     isa = cpu_isa() if device.type == "cpu" else None
-    capped = f"_{isa}" if isa and os.environ.get("KVC_CPU_ISA", "avx512") not in ("", "avx512") else ""
+    capped = f"_{isa}" if isa and os.environ.get("KVC_CPU_ISA") in ("scalar", "avx2") else ""
     tag = f"{'cuda' if device.type == 'cuda' else 'cpu'}{capped}{'_quick' if quick else ''}"
 
     meta = {

@@ -130,6 +130,23 @@ static void compare(const Impl& simd) {
       kvc::cpu::scalar::e2m1_blocks(h.data(), kBlocks, exps.data(), b.data());
       expect_same("e2m1", a, b, static_cast<uint64_t>(e + 127) << 16);
     }
+    // Random patterns with a random exponent per block (both sides of -100 in one call), and
+    // inf / NaN planted among finite values in one half of some blocks.
+    std::mt19937 gb(5);
+    std::vector<uint16_t> xs(kBlocks * 32);
+    std::vector<int32_t> exps(kBlocks);
+    for (auto& v : xs) v = static_cast<uint16_t>(gb());
+    for (auto& v : xs) v = (v & 0x7F80) == 0x7F80 ? static_cast<uint16_t>(v & 0xBFFF) : v;  // finite
+    for (int64_t k = 0; k < kBlocks; ++k) {
+      exps[k] = static_cast<int32_t>(gb() % 255) - 127;
+      // (a NaN with its sign bit set codes 0x7, where the threshold count would give 0xF)
+      if (k % 7 == 3) xs[k * 32 + gb() % 16] = (gb() & 1) ? 0x7F80 : 0xFFC1;            // first half
+      if (k % 11 == 5) xs[k * 32 + 16 + gb() % 16] = (gb() & 1) ? 0xFF80 : 0xFFC0;      // second half
+    }
+    std::vector<uint8_t> a(kBlocks * 16), b(kBlocks * 16);
+    simd.e2m1_blocks(xs.data(), kBlocks, exps.data(), a.data());
+    kvc::cpu::scalar::e2m1_blocks(xs.data(), kBlocks, exps.data(), b.data());
+    expect_same("e2m1 mixed", a, b, 0);
   }
   // MXFP4 decoding: every packed byte (16 blocks of 16) under every scale byte, to bf16 and fp32,
   // then blocks of mixed scale bytes; outputs poisoned differently, so an unwritten word differs.

@@ -1,9 +1,9 @@
 // Hot per-row loops of the CPU kernels: amax, fp8 quantization and fp8 decoding of a row of
 // n values. Three implementations give the same bytes: portable scalar code (branch-free, which
-// GCC auto-vectorizes), AVX2 intrinsics (rows_avx2.cpp) and AVX-512 intrinsics
-// (rows_avx512.cpp), each compiled for its ISA function by function, so the library still
-// loads on any x86-64. The public functions pick the widest the CPU has at load time
-// (KVC_CPU_ISA=scalar|avx2|avx512 caps it, for comparisons); tests/rows_exhaustive.cpp
+// GCC auto-vectorizes), AVX2 intrinsics (rows_avx2.cpp) and AVX-512 intrinsics (rows_avx512.cpp
+// encoding, rows_avx512_decode.cpp decoding), each compiled for its ISA function by function, so
+// the library still loads on any x86-64. The public functions pick the widest the CPU has at
+// load time (KVC_CPU_ISA=scalar|avx2|avx512 caps it, for comparisons); tests/rows_exhaustive.cpp
 // compares each SIMD version with the scalar one on every float.
 #pragma once
 #include <cstdint>

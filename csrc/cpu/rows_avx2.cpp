@@ -1,7 +1,8 @@
 // AVX2 versions of the row loops in rows.cpp, the same bytes as the scalar code. Encoding: the
 // AVX-512 file's 16-bit-lane encoder on 16 values per instruction (a group with a rare lane is
-// encoded again by the 32-bit integer formulation, 8 per step, which also does decoding; F16C
-// only for the exact fp16 -> fp32 widening). Each function is compiled for AVX2 + F16C by a
+// encoded again by the 32-bit integer formulation, 8 per step); MXFP4 likewise. Decoding: 16
+// codes per step widened through fp16 by F16C (decodes_fast scales), else 8 per step by the
+// integer formulation. Each function is compiled for AVX2 + F16C by a
 // target attribute, so the rest of the library keeps the baseline ISA; rows.cpp calls these
 // only when supported() says the CPU has both.
 #include "rows.h"
