@@ -272,16 +272,41 @@ KVC_AVX512 void quantize_row(const void* src, DType t, int64_t n, float scale, u
 
 // e2m1 codes by 16-bit lanes: x / 2^e is x's bf16 pattern with e taken off its exponent field
 // (exact while normal; below that < 2^-26 and coded 0 either way, for e >= -100), and the code's
-// magnitude counts the rounding thresholds the pattern passes (patterns order as values).
-// Blocks holding inf or NaN, or with e < -100, are done again by the scalar loop after the others
-// (no call inside the loop, so its constants stay in registers).
+// magnitude is the number of rounding thresholds the pattern passes (patterns order as values).
+// Every threshold sits at a multiple of 32 patterns or one below, so that number depends only on
+// the pattern's 32-step q = a >> 5 and on whether its low 5 bits are 0: one 64-entry table,
+// indexed by q - 499 (clamped to 0..31; q < 500 is below every threshold, q >= 530 past all of
+// them) + 32 when the low bits are not 0. Blocks holding inf or NaN, or with e < -100, are done
+// again by the scalar loop after the others (no call inside the loop, so constants stay in
+// registers).
+// |v| > 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5, >= 3.5, > 5 as bf16 patterns (>= t as > t - 1)
+constexpr uint16_t kE2m1Above[] = {0x3E80, 0x3F3F, 0x3FA0, 0x3FDF, 0x4020, 0x405F, 0x40A0};
+struct E2m1Table {
+  alignas(64) int16_t lo[32];  // codes of q * 32
+  alignas(64) int16_t hi[32];  // codes of q * 32 + 1 .. q * 32 + 31
+};
+constexpr int16_t e2m1_magnitude(uint32_t a) {
+  int16_t n = 0;
+  for (uint16_t t : kE2m1Above) n += a > t ? 1 : 0;
+  return n;
+}
+constexpr E2m1Table make_e2m1_table() {
+  E2m1Table t{};
+  for (uint32_t i = 1; i < 32; ++i) {
+    t.lo[i] = e2m1_magnitude((499 + i) * 32);
+    t.hi[i] = e2m1_magnitude((499 + i) * 32 + 1);
+  }
+  return t;
+}
+constexpr E2m1Table kE2m1Table = make_e2m1_table();
+static_assert(e2m1_magnitude(499 * 32 + 31) == 0 && e2m1_magnitude(530 * 32) == 7);
+
 KVC_AVX512_INLINE bool e2m1_rare(__m512i m, int32_t e) {
   return e < -100 || _mm512_cmpge_epu16_mask(m, _mm512_set1_epi16(0x7F80)) != 0;
 }
 
 KVC_AVX512 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
-  // |v| > 0.25, >= 0.75, > 1.25, >= 1.75, > 2.5, >= 3.5, > 5 as bf16 patterns (>= t as > t - 1)
-  constexpr int16_t kAbove[] = {0x3E80, 0x3F3F, 0x3FA0, 0x3FDF, 0x4020, 0x405F, 0x40A0};
+  const __m512i lo = _mm512_load_si512(kE2m1Table.lo), hi = _mm512_load_si512(kE2m1Table.hi);
   bool rare = false;
   for (int64_t b = 0; b < blocks; ++b) {
     const int32_t e = exps[b];
@@ -290,9 +315,10 @@ KVC_AVX512 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* ex
     rare |= e2m1_rare(m, e);
     const __m512i shift = _mm512_set1_epi16(static_cast<int16_t>((e < 0 ? -e : e) << 7));
     const __m512i a = e >= 0 ? _mm512_subs_epu16(m, shift) : _mm512_adds_epu16(m, shift);
-    __m512i code = _mm512_setzero_si512();
-    for (int16_t t : kAbove)
-      code = _mm512_mask_add_epi16(code, _mm512_cmpgt_epu16_mask(a, _mm512_set1_epi16(t)), code, _mm512_set1_epi16(1));
+    __m512i idx = _mm512_min_epu16(_mm512_subs_epu16(_mm512_srli_epi16(a, 5), _mm512_set1_epi16(499)),
+                                   _mm512_set1_epi16(31));
+    idx = _mm512_mask_add_epi16(idx, _mm512_test_epi16_mask(a, _mm512_set1_epi16(0x1F)), idx, _mm512_set1_epi16(32));
+    __m512i code = _mm512_permutex2var_epi16(lo, idx, hi);
     code = _mm512_ternarylogic_epi32(code, _mm512_srli_epi16(h, 12), _mm512_set1_epi16(8), 0xF8);  // | sign
     // word pairs (even, odd) -> one byte: even | odd << 4
     const __m512i pairs = _mm512_or_si512(code, _mm512_srli_epi32(code, 12));
