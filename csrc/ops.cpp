@@ -144,6 +144,7 @@ GatherSource on_cpu(const GatherSource& g) {
 // A gather's outputs apart from what it reads (check_apart).
 void check_outputs_apart(std::initializer_list<NamedTensor> outs, const Tensor& view,
                          const GatherSource& src, const std::optional<Tensor>& scale = std::nullopt) {
+  for (const NamedTensor& o : outs) check_no_self_overlap(o);
   check_apart(outs, {named(view, "view"), named(src.block_table, "block_table"),
                      named(src.cu_seq_lens, "cu_seq_lens"), named(src.seq_starts, "seq_starts"),
                      named(src.slots, "slots"), named(scale, "scale")});
@@ -277,6 +278,7 @@ void gather_v4_window(const Tensor& c_view, const Tensor& c_block_table, const T
   NvtxRange range("kvc::gather_v4_window");
   const WindowSource src{c_block_table, swa_block_table, seq_lens, cu_out};
   const V4WindowGatherParams p = v4_window_gather_args(c_view, swa_view, src, ratio, window, out);
+  check_no_self_overlap(named(out, "out"));
   check_apart({named(out, "out")}, {named(c_view, "c_view"), named(swa_view, "swa_view"),
                                     named(c_block_table, "c_block_table"),
                                     named(swa_block_table, "swa_block_table"),

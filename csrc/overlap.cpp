@@ -2,11 +2,11 @@
 #include "overlap.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <utility>
-#include <vector>
 
 #include "op_args.h"  // shape_str
 
@@ -32,7 +32,7 @@ ByteSpan byte_span(const at::Tensor& t) {
 // step over at least what the dimensions inside it cover (enough for no overlap, and what every
 // view of a plan and every dense or sliced tensor satisfies).
 bool may_overlap_itself(const at::Tensor& t) {
-  std::vector<std::pair<int64_t, int64_t>> dims;  // (|stride|, size) of dimensions of size > 1
+  c10::SmallVector<std::pair<int64_t, int64_t>, 6> dims;  // (|stride|, size) of dimensions of size > 1
   for (int64_t d = 0; d < t.dim(); ++d)
     if (t.size(d) > 1) dims.emplace_back(std::abs(t.stride(d)), t.size(d));
   std::sort(dims.begin(), dims.end());
@@ -49,12 +49,15 @@ NamedTensor named(const std::optional<at::Tensor>& t, const char* name) {
   return {t ? &*t : nullptr, name};
 }
 
+void check_no_self_overlap(const NamedTensor& w) {
+  TORCH_CHECK_VALUE(w.t == nullptr || w.t->numel() == 0 || !may_overlap_itself(*w.t), w.name,
+                    " (written by this op) must not have elements sharing memory (as expand() "
+                    "gives), got shape ", shape_str(*w.t), " and strides ", w.t->strides());
+}
+
 void check_apart(std::initializer_list<NamedTensor> written, std::initializer_list<NamedTensor> others) {
   for (const NamedTensor& w : written) {
     if (w.t == nullptr || w.t->numel() == 0) continue;
-    TORCH_CHECK_VALUE(!may_overlap_itself(*w.t), w.name, " (written by this op) must not have "
-                      "elements sharing memory (as expand() gives), got shape ", shape_str(*w.t),
-                      " and strides ", w.t->strides());
     const ByteSpan a = byte_span(*w.t);
     for (const NamedTensor& o : others) {
       if (o.t == nullptr || o.t->numel() == 0 || o.t->device() != w.t->device()) continue;

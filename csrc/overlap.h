@@ -20,5 +20,8 @@ struct NamedTensor {
 NamedTensor named(const at::Tensor& t, const char* name);
 NamedTensor named(const std::optional<at::Tensor>& t, const char* name);
 void check_apart(std::initializer_list<NamedTensor> written, std::initializer_list<NamedTensor> others);
+// An output (a gather's out) whose elements may share memory is refused; views are checked by
+// paged_view (op_args.h).
+void check_no_self_overlap(const NamedTensor& w);
 
 }  // namespace kvc

@@ -334,11 +334,11 @@ KVC_AVX2 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out
 // the rounding thresholds the pattern passes. AVX2 compares 16-bit lanes as signed: patterns
 // are capped at 0x7FFF first (anything that large is past the top threshold anyway). Blocks
 // holding inf or NaN, or with e < -100, are done again by the scalar loop after the others.
-KVC_AVX2_INLINE bool e2m1_rare(const uint16_t* block, int32_t e) {
-  const __m256i big = _mm256_set1_epi16(0x7F7F);
-  const __m256i m0 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block)), _mm256_set1_epi16(0x7FFF));
-  const __m256i m1 = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16)), _mm256_set1_epi16(0x7FFF));
-  return e < -100 || _mm256_movemask_epi8(_mm256_or_si256(_mm256_cmpgt_epi16(m0, big), _mm256_cmpgt_epi16(m1, big))) != 0;
+KVC_AVX2_INLINE bool has_inf_nan(__m256i m) {  // m: |x| patterns
+  return _mm256_movemask_epi8(_mm256_cmpgt_epi16(m, _mm256_set1_epi16(0x7F7F))) != 0;
+}
+KVC_AVX2_INLINE __m256i abs_patterns(const uint16_t* x) {
+  return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), _mm256_set1_epi16(0x7FFF));
 }
 
 KVC_AVX2 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
@@ -350,12 +350,13 @@ KVC_AVX2 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps
   bool rare = false;
   for (int64_t b = 0; b < blocks; ++b) {
     const int32_t e = exps[b];
-    rare |= e2m1_rare(x + b * kMxfp4Block, e);
+    rare |= e < -100;
     const __m256i shift = _mm256_set1_epi16(static_cast<int16_t>((e < 0 ? -e : e) << 7));
     __m256i bytes[2];
     for (int h = 0; h < 2; ++h) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + b * kMxfp4Block + 16 * h));
       const __m256i m = _mm256_and_si256(v, _mm256_set1_epi16(0x7FFF));
+      rare |= has_inf_nan(m);
       __m256i a = e >= 0 ? _mm256_subs_epu16(m, shift) : _mm256_adds_epu16(m, shift);
       a = _mm256_min_epu16(a, _mm256_set1_epi16(0x7FFF));
       __m256i code = _mm256_setzero_si256();
@@ -369,8 +370,11 @@ KVC_AVX2 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps
     const __m128i r = _mm_unpacklo_epi32(_mm256_castsi256_si128(both), _mm256_extracti128_si256(both, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(packed + b * kMxfp4Block / 2), r);
   }
-  for (int64_t b = 0; rare && b < blocks; ++b)
-    if (e2m1_rare(x + b * kMxfp4Block, exps[b])) scalar::e2m1_blocks(x + b * kMxfp4Block, 1, &exps[b], packed + b * kMxfp4Block / 2);
+  for (int64_t b = 0; rare && b < blocks; ++b) {
+    const uint16_t* block = x + b * kMxfp4Block;
+    if (exps[b] < -100 || has_inf_nan(abs_patterns(block)) || has_inf_nan(abs_patterns(block + 16)))
+      scalar::e2m1_blocks(block, 1, &exps[b], packed + b * kMxfp4Block / 2);
+  }
 }
 
 // MXFP4 decoding, 16 values (8 packed bytes) per step: each code picks its word from the scale
