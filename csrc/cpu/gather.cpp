@@ -1,10 +1,9 @@
 // CPU loops of the gathers. Tokens without a valid slot come back as zero rows; output rows past
 // the last request's tokens are left as they are.
-#include <ATen/Parallel.h>
-
 #include <cstring>
 
 #include "../kernels.h"
+#include "float_env.h"
 #include "gather_rows.h"
 #include "rows.h"
 
@@ -46,7 +45,7 @@ void mla_gather(const MlaGatherParams& p) {
 
 void kv_gather(const KvGatherParams& p) {
   const int64_t out_bytes = p.head_dim * dtype_size(p.dtype);
-  at::parallel_for(0, p.num_tokens, 64, [&](int64_t begin, int64_t end) {
+  parallel_rows(0, p.num_tokens, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       if (p.view.num_heads == 1) prefetch_slot_row(p.src, p.view, t, end, p.view.row_bytes);
       const int64_t slot = p.src.slot_of(t, p.view);
@@ -65,7 +64,7 @@ void kv_gather(const KvGatherParams& p) {
 }
 
 void indexer_gather(const IndexerGatherParams& p) {
-  at::parallel_for(0, p.num_tokens, 256, [&](int64_t begin, int64_t end) {
+  parallel_rows(0, p.num_tokens, 256, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       if (p.src.slots != nullptr && t + kAhead < end && p.view.valid_slot(p.src.slots[t + kAhead])) {
         const IndexerAddress n = indexer_address(p.view, p.src.slots[t + kAhead], p.placement);

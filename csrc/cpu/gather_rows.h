@@ -2,11 +2,10 @@
 // finds, zeroed for a token without a valid slot (slot < 0), left alone past the last request's
 // tokens (kNoRow). Rows at explicit slots are prefetched by locate (gather.cpp).
 #pragma once
-#include <ATen/Parallel.h>
-
 #include <cstring>
 
 #include "../paged_view.h"
+#include "float_env.h"
 #include "prefetch.h"
 
 namespace kvc::cpu {
@@ -48,7 +47,7 @@ inline auto token_locator(const TokenSource& src, const PagedView& v, int64_t by
 template <class Locate, class Read>
 void gather_rows(int64_t num_tokens, uint8_t* out, int64_t out_stride, int64_t out_bytes,
                  const Locate& locate, const Read& read) {
-  at::parallel_for(0, num_tokens, 64, [&](int64_t begin, int64_t end) {
+  parallel_rows(0, num_tokens, 64, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       uint8_t* o = out + t * out_stride;
       const Located at = locate(t, end);

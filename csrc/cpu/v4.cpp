@@ -1,12 +1,11 @@
 // CPU loops of DeepSeek-V4's rows (v4_rows.h): quantizing writes and dequantizing reads of
 // the 584-byte fp8_ds_mla and 68-byte MXFP4 rows in split pages. Slots were range-checked by
 // the op layer before the first write; negative slots are padding.
-#include <ATen/Parallel.h>
-
 #include <cstring>
 #include <memory>
 
 #include "../v4_kernels.h"
+#include "float_env.h"
 #include "gather_rows.h"
 #include "rows.h"
 #include "stream.h"
@@ -95,7 +94,7 @@ void write_token(const V4WriteParams& p, int64_t t, int64_t slot, uint16_t* buf,
 }  // namespace
 
 void v4_write(const V4WriteParams& p) {
-  at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_rows(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     uint16_t buf[kV4Dim];
     alignas(64) uint8_t staged[kV4DataBytes];
     for (int64_t t = begin; t < end; ++t)
@@ -105,7 +104,7 @@ void v4_write(const V4WriteParams& p) {
 }
 
 void v4_pair_write(const V4WriteParams& mla, const V4WriteParams& idx) {
-  at::parallel_for(0, mla.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_rows(0, mla.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     uint16_t buf[kV4Dim];
     alignas(64) uint8_t staged[kV4DataBytes];
     for (int64_t t = begin; t < end; ++t) {
@@ -121,6 +120,7 @@ void v4_pair_write(const V4WriteParams& mla, const V4WriteParams& idx) {
 void v4_gather(const V4GatherParams& p) {
   const int64_t out_bytes = v4_out_row_bytes(p.format, p.mode);
   std::unique_ptr<Mxfp4Words> table;
+  const DefaultFloatEnv env;  // the table's values are products of floats too
   if (p.format == V4Format::kMxfp4 && p.mode != MlaGatherMode::kCopyRow)
     table = std::make_unique<Mxfp4Words>(p.mode == MlaGatherMode::kDequantBf16 ? DType::kBFloat16
                                                                                : DType::kFloat32);

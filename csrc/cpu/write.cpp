@@ -1,12 +1,11 @@
 // CPU loops of the write ops. Slots were range-checked by the op layer before the first write;
 // negative slots are padding. The per-row arithmetic lives in rows.cpp (vectorized).
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "../kernels.h"
+#include "float_env.h"
 #include "prefetch.h"
 #include "rows.h"
 #include "stream.h"
@@ -32,7 +31,7 @@ void copy_rows(int64_t num_tokens, const int64_t* slots, const PagedView& v, int
   // Heads adjacent in both the input and the view (NHC layouts): one copy per token.
   const bool fused = v.head_stride == bytes && head_stride == bytes;
   const int64_t n = fused ? 1 : heads, len = fused ? heads * bytes : bytes;
-  at::parallel_for(0, num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_rows(0, num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       if (!v.valid_slot(slots[t])) continue;
       for (int64_t h = 0; h < n; ++h)
@@ -50,7 +49,7 @@ void plain_write(const PlainWriteParams& p) {
               p.key_token_stride * es, p.key_head_stride * es, p.head_dim * es);
     return;
   }
-  at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_rows(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     std::vector<uint8_t> staged(p.head_dim + 16);
     uint8_t* buf = staged.data() + (-reinterpret_cast<uintptr_t>(staged.data()) & 15);
     for (int64_t t = begin; t < end; ++t) {
@@ -70,7 +69,7 @@ void plain_write(const PlainWriteParams& p) {
 // Per-tensor fp8 rows (DeepSeek-V3/R1): the codes of kv_c, then those of k_pe, one scale.
 static void mla_fp8_tensor_write(const MlaWriteParams& p) {
   const float scale = p.scale.get();
-  at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_rows(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     alignas(64) uint8_t row[kMlaDim];
     for (int64_t t = begin; t < end; ++t) {
       if (!p.view.valid_slot(p.slots[t])) continue;
@@ -89,7 +88,7 @@ void mla_write(const MlaWriteParams& p) {
   if (p.format == MlaFormat::kAuto) {  // 512 then 64 values of the input dtype, one pass over the rows
     const auto* kv_c = static_cast<const uint8_t*>(p.kv_c);
     const auto* k_pe = static_cast<const uint8_t*>(p.k_pe);
-    at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+    parallel_rows(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t) {
         if (!p.view.valid_slot(p.slots[t])) continue;
         uint8_t* row = p.view.row(p.slots[t]);
@@ -99,7 +98,7 @@ void mla_write(const MlaWriteParams& p) {
     });
     return;
   }
-  at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_rows(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     uint16_t rope[kMlaRopeDim];
     alignas(64) uint8_t staged[kMlaFp8RowBytes];
     for (int64_t t = begin; t < end; ++t) {
@@ -134,7 +133,7 @@ void mla_write(const MlaWriteParams& p) {
 
 void indexer_write(const IndexerWriteParams& p) {
   const bool split = p.placement == IndexerPlacement::kSplit;
-  at::parallel_for(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+  parallel_rows(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
     alignas(64) uint8_t codes[kBatch][kIndexerDim];
     float scales[kBatch];
     for (int64_t b = begin; b < end; b += kBatch) {
