@@ -239,14 +239,32 @@ void v4_quant_and_cache(const Tensor& x, const Tensor& view, const Tensor& slot_
   run_write(view, slot_mapping, p, cpu::v4_write, [](const V4WriteParams& p, void* s) { KVC_CUDA(cuda::v4_write(p, s)); });
 }
 
-// DeepSeek-V4's compressed pair (main KV + MXFP4 indexer) at one compressed slot_mapping.
+// DeepSeek-V4's compressed pair (main KV + MXFP4 or fp8 indexer) at one compressed
+// slot_mapping; both rows' arguments are checked before either is written.
 void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
-                  const Tensor& indexer_view, const Tensor& slot_mapping, S scale_floor) {
+                  const Tensor& indexer_view, const Tensor& slot_mapping, S scale_floor, S indexer) {
   NvtxRange range("kvc::v4_dsa_write");
+  TORCH_CHECK_VALUE(indexer == "mxfp4" || indexer == "fp8",
+                    "indexer must be \"mxfp4\" or \"fp8\", got \"", indexer, "\"");
+  const auto check = [&] {
+    check_apart({named(mla_view, "mla_view"), named(indexer_view, "indexer_view")},
+                {named(kv, "kv"), named(k_idx, "k_idx"), named(slot_mapping, "slot_mapping")});
+  };
+  if (indexer == "fp8") {  // two kernels (the 132-B row is V3.2's), one set of checks
+    const V4Fp8PairArgs a = v4_fp8_pair_write_args(kv, mla_view, k_idx, indexer_view, slot_mapping,
+                                                   sv(scale_floor));
+    check();
+    run_write(mla_view, slot_mapping, a.mla,
+              [&](const V4WriteParams& p) { cpu::v4_write(p); cpu::indexer_write(a.idx); },
+              [&](const V4WriteParams& p, void* s) {
+                KVC_CUDA(cuda::v4_write(p, s));
+                KVC_CUDA(cuda::indexer_write(a.idx, s));
+              });
+    return;
+  }
   const V4PairArgs a = v4_pair_write_args(kv, mla_view, k_idx, indexer_view, slot_mapping,
                                           sv(scale_floor));
-  check_apart({named(mla_view, "mla_view"), named(indexer_view, "indexer_view")},
-              {named(kv, "kv"), named(k_idx, "k_idx"), named(slot_mapping, "slot_mapping")});
+  check();
   run_write(mla_view, slot_mapping, a.mla,
             [&](const V4WriteParams& p) { cpu::v4_pair_write(p, a.idx); },
             [&](const V4WriteParams& p, void* s) { KVC_CUDA(cuda::v4_pair_write(p, a.idx, s)); });

@@ -38,7 +38,7 @@ TORCH_LIBRARY(kvcache_ext, m) {
   m.def("v4_quant_and_cache(Tensor x, Tensor(a!) view, Tensor slot_mapping, str format, "
         "str scale_floor=\"amax\") -> ()");
   m.def("v4_dsa_write(Tensor kv, Tensor(a!) mla_view, Tensor k_idx, Tensor(b!) indexer_view, "
-        "Tensor slot_mapping, str scale_floor=\"amax\") -> ()");
+        "Tensor slot_mapping, str scale_floor=\"amax\", str indexer=\"mxfp4\") -> ()");
   m.def("gather_v4(Tensor view, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts, "
         "str format, Tensor(a!) out, bool validate=True) -> ()");
   m.def("gather_v4_slots(Tensor view, Tensor slots, str format, Tensor(a!) out, "

@@ -95,6 +95,23 @@ V4PairArgs v4_pair_write_args(const at::Tensor& kv, const at::Tensor& mla_view,
   return a;
 }
 
+V4Fp8PairArgs v4_fp8_pair_write_args(const at::Tensor& kv, const at::Tensor& mla_view,
+                                     const at::Tensor& k_idx, const at::Tensor& indexer_view,
+                                     const at::Tensor& slot_mapping, std::string_view scale_floor) {
+  V4Fp8PairArgs a{write_args(kv, mla_view, slot_mapping, V4Format::kMla, scale_floor, "kv", "mla_view"),
+                  indexer_write_args(k_idx, indexer_view, slot_mapping, "ue8m0", "split", "k_idx",
+                                     "indexer_view")};
+  TORCH_CHECK_TYPE(k_idx.scalar_type() == at::kBFloat16,
+                   "k_idx must be bfloat16 for the V4 fp8 indexer (rounded to bf16 first), got ",
+                   k_idx.scalar_type());
+  TORCH_CHECK_VALUE(a.mla.view.num_blocks == a.idx.view.num_blocks &&
+                        a.mla.view.block_size == a.idx.view.block_size,
+                    "mla_view and indexer_view must share one block table (same num_blocks and rows "
+                    "per block), got [", a.mla.view.num_blocks, ", ", a.mla.view.block_size, "] and [",
+                    a.idx.view.num_blocks, ", ", a.idx.view.block_size, "]");
+  return a;
+}
+
 V4GatherParams v4_gather_args(const at::Tensor& view, const GatherSource& src, V4Format format,
                               const at::Tensor& out) {
   V4GatherParams p{};

@@ -18,6 +18,16 @@ struct V4PairArgs {
 V4PairArgs v4_pair_write_args(const at::Tensor& kv, const at::Tensor& mla_view,
                               const at::Tensor& k_idx, const at::Tensor& indexer_view,
                               const at::Tensor& slot_mapping, std::string_view scale_floor);
+// The pair with V4's fp8 indexer instead: k_idx [T, 128] bf16 -> V3.2's 132-B row
+// (scale_fmt "ue8m0", placement "split") in indexer_view; every argument of both checked here,
+// so neither row is written when one argument is wrong.
+struct V4Fp8PairArgs {
+  V4WriteParams mla;
+  IndexerWriteParams idx;
+};
+V4Fp8PairArgs v4_fp8_pair_write_args(const at::Tensor& kv, const at::Tensor& mla_view,
+                                     const at::Tensor& k_idx, const at::Tensor& indexer_view,
+                                     const at::Tensor& slot_mapping, std::string_view scale_floor);
 V4GatherParams v4_gather_args(const at::Tensor& view, const GatherSource& src, V4Format format,
                               const at::Tensor& out);
 

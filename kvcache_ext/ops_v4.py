@@ -35,12 +35,21 @@ def mxfp4_quant_and_cache(k: torch.Tensor, view: torch.Tensor, slot_mapping: tor
     _ops.v4_quant_and_cache(k, view, slot_mapping, "mxfp4", "amax")
 
 
+def _as_bf16(k: torch.Tensor, arg: str) -> torch.Tensor:
+    """k rounded to bf16 (V4's indexer rows are of bf16 values): bf16 as it is, fp16 / fp32
+    converted; any other dtype is refused, not converted."""
+    if not isinstance(k, torch.Tensor):
+        raise TypeError(f"{arg} must be a tensor, got {type(k).__name__}")
+    if k.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise TypeError(f"{arg} must be bfloat16, float16 or float32, got {k.dtype}")
+    return k if k.dtype == torch.bfloat16 else k.to(torch.bfloat16)
+
+
 def v4_indexer_quant_and_cache(k: torch.Tensor, view: torch.Tensor,
                                slot_mapping: torch.Tensor) -> None:
     """V4's fp8 indexer row: V3.2's 132-B row with scale_fmt="ue8m0", placement="split", of k
     rounded to bf16 first (SPEC 10; a bf16 k is used as it is, others are copied)."""
-    k = k if k.dtype == torch.bfloat16 else k.to(torch.bfloat16)
-    _ops.indexer_k_quant_and_cache(k, view, slot_mapping, "ue8m0", "split")
+    _ops.indexer_k_quant_and_cache(_as_bf16(k, "k"), view, slot_mapping, "ue8m0", "split")
 
 
 def v4_dsa_write(kv: torch.Tensor, mla_view: torch.Tensor, k_idx: torch.Tensor,
@@ -49,15 +58,13 @@ def v4_dsa_write(kv: torch.Tensor, mla_view: torch.Tensor, k_idx: torch.Tensor,
     """A compressed group's pair at one slot_mapping (for a C4 layer, kvc.slot_mapping(...,
     compress_ratio=4): only tokens closing a window write): kv [T, 512] -> 584-B main-KV rows,
     k_idx [T, 128] -> indexer rows, "mxfp4" (68 B, both rows in one launch) or "fp8" (V3.2's
-    132-B row with scale_fmt="ue8m0", placement="split": two launches)."""
-    if indexer == "mxfp4":
-        _ops.v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping, scale_floor)
-    elif indexer == "fp8":
-        _ops.v4_quant_and_cache(kv, mla_view, slot_mapping, "fp8_ds_mla_v4", scale_floor)
-        v4_indexer_quant_and_cache(k_idx, indexer_view, slot_mapping)
-    else:
+    132-B row with scale_fmt="ue8m0", placement="split", of k_idx rounded to bf16: two
+    launches). Every argument of both rows is checked before either is written."""
+    if indexer not in ("mxfp4", "fp8"):
         raise ValueError(f'indexer must be "mxfp4" or "fp8", got {indexer!r}')
-
+    if indexer == "fp8":
+        k_idx = _as_bf16(k_idx, "k_idx")
+    _ops.v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping, scale_floor, indexer)
 
 def _v4_out(view: torch.Tensor, rows: tuple[int, ...], fmt: str, raw: bool,
             dtype: torch.dtype | None) -> torch.Tensor:

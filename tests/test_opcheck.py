@@ -45,7 +45,11 @@ def cases(device: str):
     v4_bt = torch.tensor([[0], [1]], dtype=torch.int32, device=device)
     v4_swa_bt = torch.tensor([[0, 1], [2, 0]], dtype=torch.int32, device=device)
     ops_v4.v4_mla_quant_and_cache(x[:, :512], c4, v4_slots)
+    v4_fp8 = kvc.allocate(kvc.plan_cache(groups=kvc.presets.deepseek_v4("flash", indexer="fp8"),
+                                         num_blocks=3, layout="BLHNC"), device=device, fill=0)
     return {
+        "v4_dsa_write_fp8": (OPS.v4_dsa_write, (x[:4, :512], v4_fp8.view("c4_kv", 0), k[:4],
+                                                v4_fp8.view("c4_indexer", 0), v4_slots, "amax", "fp8")),
         "v4_quant_and_cache": (OPS.v4_quant_and_cache, (x[:4, :512], c4, v4_slots, "fp8_ds_mla_v4",
                                                         "scale")),
         "v4_dsa_write": (OPS.v4_dsa_write, (x[:4, :512], c4, k[:4], mx, v4_slots, "amax")),

@@ -94,3 +94,37 @@ def test_v4_dsa_write_refuses_mismatched_pairs():
     with pytest.raises(ValueError, match='indexer must be "mxfp4" or "fp8"'):
         o4.v4_dsa_write(kv, gc.view("c4_kv", 0), k, gc.view("c4_indexer", 0), slots, indexer="fp4")
     gc.assert_unchanged()
+
+
+def test_v4_dsa_write_with_fp8_indexer_checks_both_rows_before_writing():
+    """indexer="fp8" runs two kernels (V4 main row, V3.2's 132-B row): a bad indexer argument
+    is refused before the main rows are written, naming k_idx / indexer_view."""
+    plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("pro", indexer="fp8"), num_blocks=3,
+                          layout="BLHNC")
+    gc = guarded(plan, seed=18)
+    c4, idx = gc.view("c4_kv", 0), gc.view("c4_indexer", 0)
+    kv, k = torch.randn(3, 512, dtype=torch.bfloat16), torch.randn(3, 128, dtype=torch.bfloat16)
+    slots = torch.tensor([0, 5, 9])
+    cases = [
+        (ValueError, r"k_idx\.size\(1\) must be 128", lambda: o4.v4_dsa_write(
+            kv, c4, k[:, :64], idx, slots, indexer="fp8")),
+        (ValueError, r"k_idx must hold at least slot_mapping\.numel\(\) = 3 rows", lambda: o4.v4_dsa_write(
+            kv, c4, k[:2], idx, slots, indexer="fp8")),
+        (TypeError, r"k_idx must be bfloat16, float16 or float32, got torch\.int64", lambda: o4.v4_dsa_write(
+            kv, c4, k.to(torch.int64), idx, slots, indexer="fp8")),
+        (TypeError, r"k_idx must be bfloat16 for the V4 fp8 indexer", lambda: torch.ops.kvcache_ext.
+         v4_dsa_write(kv, c4, k.half(), idx, slots, "amax", "fp8")),
+        (ValueError, r"indexer_view rows must be 132 bytes", lambda: o4.v4_dsa_write(
+            kv, c4, k, gc.view("c128_kv", 0), slots, indexer="fp8")),
+        (ValueError, r"must share one block table", lambda: o4.v4_dsa_write(
+            kv, c4, k, idx[:2], slots, indexer="fp8")),
+        (ValueError, r'indexer must be "mxfp4" or "fp8"', lambda: torch.ops.kvcache_ext.
+         v4_dsa_write(kv, c4, k, idx, slots, "amax", "fp4")),
+    ]
+    for exc, msg, call in cases:
+        with pytest.raises(exc, match=msg):
+            call()
+        gc.assert_unchanged()
+    o4.v4_dsa_write(kv, c4, k, idx, slots, indexer="fp8")  # the same arguments, made right, write
+    with pytest.raises(AssertionError):
+        gc.assert_unchanged()
