@@ -88,6 +88,32 @@ def _validate_default(validate: bool | None, view: torch.Tensor) -> bool:
     return not (view.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
+def _check_out_kind(out: torch.Tensor | None, raw: bool, dtype: torch.dtype | None) -> None:
+    """With out=, the out tensor decides what a gather writes: raw= and dtype= must agree."""
+    if out is None:
+        return
+    if raw and out.dtype != torch.uint8:
+        raise TypeError(f"raw=True writes uint8 rows, got out of dtype {out.dtype}")
+    if dtype is not None and out.dtype != dtype:
+        raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
+
+
+def _flat_rows(t: torch.Tensor, arg: str, trailing: int) -> torch.Tensor:
+    """t [*rows, *last `trailing` dims] seen as [N, *last dims] without a copy (the kernels write
+    through it), or a ValueError naming the argument."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{arg} must be a tensor, got {type(t).__name__}")
+    if t.dim() < trailing:
+        raise ValueError(f"{arg} must have at least {trailing} dimensions, got shape {tuple(t.shape)}")
+    last = tuple(t.shape[t.dim() - trailing:])
+    try:
+        return t.view(-1, *last)
+    except RuntimeError:
+        raise ValueError(f"{arg} of shape {tuple(t.shape)} and strides {t.stride()} cannot be "
+                         f"seen as {list((-1,) + last)} without a copy: its leading dimensions "
+                         "must step as one") from None
+
+
 def _num_tokens(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
                 num_tokens: int | None) -> int:
     """Rows of a gather's output, checked before anything is allocated for them."""
@@ -145,6 +171,7 @@ def gather_mla(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch
     dtype=), raw rows with raw=True, or "auto" rows in the dtype they were written in.
     seq_starts[r] skips request r's first tokens (chunked-prefill context). Into `out=`, rows
     past cu_seq_lens[-1] are left as they are."""
+    _check_out_kind(out, raw, dtype)
     if out is None:
         rows = _num_tokens(view, block_table, cu_seq_lens, num_tokens)
         out = _mla_out(view, (rows,), kv_cache_dtype, raw, dtype)
@@ -158,9 +185,10 @@ def gather_mla_slots(view: torch.Tensor, slots: torch.Tensor, kv_cache_dtype: st
                      out: torch.Tensor | None = None, validate: bool | None = None,
                      scale: Scale = None) -> torch.Tensor:
     """Rows at explicit int64 slots [K] or [Q, K] (sparse attention); slot -1 gives zeros."""
+    _check_out_kind(out, raw, dtype)
     if out is None:
         out = _mla_out(view, tuple(slots.shape), kv_cache_dtype, raw, dtype)
-    _ops.gather_mla_slots(view, slots.reshape(-1), kv_cache_dtype, out.view(-1, out.shape[-1]),
+    _ops.gather_mla_slots(view, slots.reshape(-1), kv_cache_dtype, _flat_rows(out, "out", 1),
                           _validate_default(validate, view), _scale(scale))
     return out
 
@@ -204,7 +232,7 @@ def gather_kv_slots(view: torch.Tensor, slots: torch.Tensor, *, dtype: torch.dty
         out = _kv_out(view, tuple(slots.shape), dtype, scale)
     elif dtype is not None and out.dtype != dtype:
         raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
-    _ops.gather_kv_slots(view, slots.reshape(-1), out.view(-1, *out.shape[-2:]),
+    _ops.gather_kv_slots(view, slots.reshape(-1), _flat_rows(out, "out", 2),
                          _validate_default(validate, view), scale)
     return out
 
@@ -244,8 +272,8 @@ def gather_indexer_slots(view: torch.Tensor, slots: torch.Tensor, placement: str
                          validate: bool | None = None):
     """Indexer rows at explicit int64 slots [K] or [Q, K]; slot -1 gives zeros."""
     codes, scales = _indexer_outputs(view, tuple(slots.shape), out)
-    _ops.gather_indexer_slots(view, slots.reshape(-1), placement, codes.view(-1, INDEXER_DIM),
-                              scales.view(-1), _validate_default(validate, view))
+    _ops.gather_indexer_slots(view, slots.reshape(-1), placement, _flat_rows(codes, "codes", 1),
+                              _flat_rows(scales, "scales", 0), _validate_default(validate, view))
     return _maybe_dequant(codes, scales, dequant)
 
 

@@ -12,10 +12,12 @@ scale_fmt="ue8m0", placement="split"; plain bf16 / per-tensor fp8 512-wide rows 
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ._ext import ops as _ops
-from .ops import _num_tokens, _validate_default, gather_kv
+from .ops import _check_out_kind, _flat_rows, _num_tokens, _validate_default, gather_kv
 
 V4_DIM = {"fp8_ds_mla_v4": 512, "mxfp4": 128}
 V4_ROW_BYTES = {"fp8_ds_mla_v4": 584, "mxfp4": 68}
@@ -82,6 +84,7 @@ def gather_v4(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.
               validate: bool | None = None) -> torch.Tensor:
     """Requests' rows through the block table (rows counted in the view's rows per block) ->
     [total, 512 | 128] bf16 (float32 with dtype=), or raw rows (data then footer) with raw=True."""
+    _check_out_kind(out, raw, dtype)
     if out is None:
         rows = _num_tokens(view, block_table, cu_seq_lens, num_tokens)
         out = _v4_out(view, (rows,), fmt, raw, dtype)
@@ -94,17 +97,41 @@ def gather_v4_slots(view: torch.Tensor, slots: torch.Tensor, fmt: str = "fp8_ds_
                     raw: bool = False, dtype: torch.dtype | None = None,
                     out: torch.Tensor | None = None, validate: bool | None = None) -> torch.Tensor:
     """Rows at explicit int64 slots [K] or [Q, K] (a sparse top-k); slot -1 gives zeros."""
+    _check_out_kind(out, raw, dtype)
     if out is None:
         out = _v4_out(view, tuple(slots.shape), fmt, raw, dtype)
-    _ops.gather_v4_slots(view, slots.reshape(-1), fmt, out.view(-1, out.shape[-1]),
+    _ops.gather_v4_slots(view, slots.reshape(-1), fmt, _flat_rows(out, "out", 1),
                          _validate_default(validate, view))
     return out
+
+
+def _is_int(value) -> bool:
+    """A Python or numpy integer (not a bool, not a float, not a tensor)."""
+    if isinstance(value, (bool, torch.Tensor)):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _check_window_args(seq_lens: torch.Tensor, ratio: int, window: int) -> None:
+    for arg, value, least in (("ratio", ratio, 1), ("window", window, 0)):
+        if not _is_int(value) or value < least:
+            raise ValueError(f"{arg} must be an int >= {least}, got {value!r}")
+    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype not in (torch.int32, torch.int64):
+        raise TypeError("seq_lens must be an int32 or int64 tensor, got "
+                        f"{getattr(seq_lens, 'dtype', type(seq_lens).__name__)}")
+    if seq_lens.dim() != 1:
+        raise ValueError(f"seq_lens must be 1-D [num_requests], got shape {tuple(seq_lens.shape)}")
 
 
 def window_rows(seq_lens: torch.Tensor, ratio: int, window: int = SWA_WINDOW) -> torch.Tensor:
     """int32 [R + 1] prefix sums of each request's rows in gather_compressed_and_swa:
     seq_lens // ratio compressed rows + min(seq_lens, window) SWA rows. Computed on
     seq_lens' device without a host synchronisation (CUDA-graph safe)."""
+    _check_window_args(seq_lens, ratio, window)
     lens = seq_lens.to(torch.int64)
     rows = lens // ratio + lens.clamp(max=window)
     return torch.cat([rows.new_zeros(1), rows.cumsum(0)]).to(torch.int32)
@@ -121,6 +148,8 @@ def gather_compressed_and_swa(c_view: torch.Tensor, c_block_table: torch.Tensor,
     concatenated. Returns (out [cu_out[-1], 512], cu_out int32 [R + 1]); request r's rows are
     out[cu_out[r]:cu_out[r + 1]]. Into `out=` (with cu_out from window_rows, nothing waits on the
     GPU), rows past cu_out[-1] keep their contents."""
+    _check_window_args(seq_lens, ratio, window)
+    _check_out_kind(out, raw, dtype)
     if cu_out is None:
         cu_out = window_rows(seq_lens, ratio, window)
     if out is None:
@@ -148,6 +177,10 @@ def state_write(kv: torch.Tensor, score: torch.Tensor, view: torch.Tensor,
     if kv.dim() != 2 or score.dim() != 2:
         raise ValueError(f"kv and score must be [T, W], got {tuple(kv.shape)} and "
                          f"{tuple(score.shape)}")
+    n = slot_mapping.numel() if isinstance(slot_mapping, torch.Tensor) else 0
+    if kv.shape[0] < n or score.shape[0] < n:
+        raise ValueError(f"kv and score must hold at least slot_mapping.numel() = {n} rows, got "
+                         f"{tuple(kv.shape)} and {tuple(score.shape)}")
     kv_bytes = kv.shape[1] * kv.element_size()
     if view.dim() == 4 and view.shape[-1] != kv_bytes + score.shape[1] * score.element_size():
         raise ValueError(f"view rows of {view.shape[-1]} bytes do not hold kv {tuple(kv.shape)} + "
@@ -162,6 +195,11 @@ def state_read(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch
                seq_starts: torch.Tensor | None = None, num_tokens: int | None = None,
                validate: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Compressor-state rows through the block table -> (kv [T, width], score [T, rest])."""
+    if isinstance(view, torch.Tensor) and view.dim() == 4:
+        values = view.shape[-1] // torch.empty(0, dtype=dtype).element_size()
+        if not _is_int(width) or not 0 < width < values:
+            raise ValueError(f"width must be an int in [1, {values - 1}] (rows of {values} {dtype} "
+                             f"values: kv then score), got {width!r}")
     rows = gather_kv(view, block_table, cu_seq_lens, seq_starts=seq_starts, dtype=dtype,
                      num_tokens=num_tokens, validate=validate)[:, 0]
     return rows[:, :width], rows[:, width:]

@@ -72,8 +72,11 @@ def test_bad_read_arguments_name_what_was_expected():
                                      cu_out=torch.tensor([0, 11], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"out must have at least cu_out\[-1\] = 12 rows"):
         o4.gather_compressed_and_swa(c4, bt, 4, swa, bt, lens, out=torch.empty(11, 512))
-    with pytest.raises(ValueError, match="ratio must be >= 1"):
+    with pytest.raises(ValueError, match="ratio must be an int >= 1"):  # the wrapper's check
         o4.gather_compressed_and_swa(c4, bt, 0, swa, bt, lens, cu_out=o4.window_rows(lens, 1))
+    with pytest.raises(ValueError, match="ratio must be >= 1"):  # and the op's own
+        torch.ops.kvcache_ext.gather_v4_window(c4, bt, swa, bt, lens, o4.window_rows(lens, 1), 0, 128,
+                                               torch.empty(20, 512), True)
     with pytest.raises(ValueError, match=r"seq_lens\[0\] must be >= 0"):
         o4.gather_compressed_and_swa(c4, bt, 4, swa, bt, -lens, cu_out=torch.tensor([0, 0], dtype=torch.int32))
     with pytest.raises(IndexError, match=r"swa_block_table: request 0 reads rows \[0, 70\)"):
