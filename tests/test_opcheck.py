@@ -119,3 +119,37 @@ def test_compiles_with_torch_compile():
     torch.compile(step, backend="aot_eager", fullgraph=True)(cache.view("mla", 0),
                                                              cache.view("indexer", 0))
     assert torch.equal(cache.buffer, eager.buffer)
+
+
+def test_ops_bump_the_version_of_what_they_write():
+    """Writes and gathers are in-place ops to autograd: the written tensor's version counter
+    moves (so a backward reading bytes saved before the write refuses to run), inference
+    tensors (no counter) are written in and outside inference mode, and inputs that require
+    grad leave the cache free of autograd history (the ops are not differentiable)."""
+    plan = kvc.plan_cache([kvc.CacheSpec("k", 128, 1, 2)], 4, 16)
+    cache = kvc.allocate(plan, fill=0)
+    key, slots = torch.randn(4, 2, 32), torch.tensor([1, 2, 3, 4])
+    before = cache.buffer._version
+    ops.reshape_and_cache(key, cache.view("k", 0), slots)
+    assert cache.buffer._version > before
+    out = torch.zeros(4, 2, 32)
+    w = torch.randn(4, 2, 32, requires_grad=True)
+    loss = (w * out).sum()  # saves out for the backward
+    ops.gather_kv_slots(cache.view("k", 0), slots, dtype=torch.float32, out=out)
+    assert torch.equal(out, key)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    codes, scales = torch.zeros(4, 128, dtype=torch.uint8), torch.zeros(4)
+    idx = kvc.allocate(kvc.plan_cache([kvc.CacheSpec("i", 132, 1)], 4, 16), fill=0)
+    versions = codes._version, scales._version
+    ops.gather_indexer_slots(idx.view("i", 0), slots, out=(codes, scales))
+    assert codes._version > versions[0] and scales._version > versions[1]  # both outputs
+
+    with torch.inference_mode():
+        inf = kvc.allocate(plan, fill=0)
+        ops.reshape_and_cache(key, inf.view("k", 0), slots)
+    ops.reshape_and_cache(key * 2, inf.view("k", 0), slots)  # outside: still allowed
+    assert torch.equal(ops.gather_kv_slots(inf.view("k", 0), slots, dtype=torch.float32), key * 2)
+
+    ops.reshape_and_cache(key.requires_grad_(), cache.view("k", 0), slots)
+    assert not cache.buffer.requires_grad and cache.buffer.grad_fn is None
