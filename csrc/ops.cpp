@@ -6,12 +6,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
-#include <torch/csrc/autograd/VariableTypeUtils.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <vector>
 
@@ -399,45 +397,6 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
   m.impl("copy_spans", &copy_spans)
 
 TORCH_LIBRARY_IMPL(kvcache_ext, CPU, m) { KVC_REGISTER_ALL(m); }
-// Every op writes into tensors it is given (Tensor(a!) in its schema): their version counters
-// are bumped, as torch's own in-place ops do, so autograd refuses a backward that would read
-// bytes overwritten after they were saved. Inference tensors carry no counter: skipped. The ops
-// are not differentiable: Autograd falls through to this key (the default autograd fallback
-// would skip it, and torch's boxed ADInplaceOrView fallback bumps only returned tensors).
-void bump_written_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
-                           torch::jit::Stack* stack) {
-  const auto& schema = op.schema();
-  const size_t n = schema.arguments().size(), first = stack->size() - n;
-  std::array<at::Tensor, 2> written;  // at most two per op (dsa_write's views, codes + scales)
-  size_t count = 0;
-  for (size_t i = 0; i < n; ++i)
-    if (schema.is_mutable({c10::SchemaArgType::input, i}) && (*stack)[first + i].isTensor()) {
-      TORCH_INTERNAL_ASSERT(count < written.size());
-      written[count++] = (*stack)[first + i].toTensor();
-    }
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
-  }
-  for (size_t i = 0; i < count; ++i)
-    if (!written[i].is_inference()) torch::autograd::increment_version(written[i]);
-}
-
-#define KVC_FOR_EACH_OP(f)                                                                     \
-  for (const char* op : {"reshape_and_cache", "reshape_and_cache_kv", "gather_kv", "gather_kv_slots", \
-                         "concat_and_cache_mla", "indexer_k_quant_and_cache", "dsa_write",          \
-                         "gather_mla", "gather_mla_slots", "gather_indexer", "gather_indexer_slots", \
-                         "v4_quant_and_cache", "v4_dsa_write", "gather_v4", "gather_v4_slots",      \
-                         "gather_v4_window", "copy_spans"})                                        \
-    f(op)
-TORCH_LIBRARY_IMPL(kvcache_ext, Autograd, m) {
-  KVC_FOR_EACH_OP([&](const char* op) { m.impl(op, torch::CppFunction::makeFallthrough()); });
-}
-TORCH_LIBRARY_IMPL(kvcache_ext, ADInplaceOrView, m) {
-  KVC_FOR_EACH_OP([&](const char* op) {
-    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
-  });
-}
 #if defined(KVC_WITH_CUDA)
 TORCH_LIBRARY_IMPL(kvcache_ext, CUDA, m) { KVC_REGISTER_ALL(m); }
 #endif

@@ -126,6 +126,11 @@ def test_ops_bump_the_version_of_what_they_write():
     moves (so a backward reading bytes saved before the write refuses to run), inference
     tensors (no counter) are written in and outside inference mode, and inputs that require
     grad leave the cache free of autograd history (the ops are not differentiable)."""
+    names = [n for n in dir(torch.ops.kvcache_ext) if isinstance(
+        getattr(torch.ops.kvcache_ext, n), torch._ops.OpOverloadPacket)]
+    assert len(names) >= 17
+    for name in names:  # every op (csrc/autograd_keys.cpp lists them, with its Autograd fallthrough)
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"kvcache_ext::{name}", "ADInplaceOrView"), name
     plan = kvc.plan_cache([kvc.CacheSpec("k", 128, 1, 2)], 4, 16)
     cache = kvc.allocate(plan, fill=0)
     key, slots = torch.randn(4, 2, 32), torch.tensor([1, 2, 3, 4])
