@@ -70,6 +70,14 @@ V4WriteParams write_args(const at::Tensor& x, const at::Tensor& view, const at::
   p.slots = slot_mapping.data_ptr<int64_t>();
   return p;
 }
+// A pair's two views are addressed by one block table.
+template <class MlaView, class IndexerView>
+void check_one_block_table(const MlaView& mla, const IndexerView& idx) {
+  TORCH_CHECK_VALUE(mla.num_blocks == idx.num_blocks && mla.block_size == idx.block_size,
+                    "mla_view and indexer_view must share one block table (same num_blocks and rows "
+                    "per block), got [", mla.num_blocks, ", ", mla.block_size, "] and [",
+                    idx.num_blocks, ", ", idx.block_size, "]");
+}
 }  // namespace
 
 V4WriteParams v4_write_args(const at::Tensor& x, const at::Tensor& view,
@@ -87,11 +95,7 @@ V4PairArgs v4_pair_write_args(const at::Tensor& kv, const at::Tensor& mla_view,
                           "indexer_view")};
   TORCH_CHECK_TYPE(k_idx.scalar_type() == kv.scalar_type(), "k_idx must have the dtype of kv (",
                    kv.scalar_type(), "), got ", k_idx.scalar_type());
-  TORCH_CHECK_VALUE(a.mla.view.num_blocks == a.idx.view.num_blocks &&
-                        a.mla.view.block_size == a.idx.view.block_size,
-                    "mla_view and indexer_view must share one block table (same num_blocks and rows "
-                    "per block), got [", a.mla.view.num_blocks, ", ", a.mla.view.block_size, "] and [",
-                    a.idx.view.num_blocks, ", ", a.idx.view.block_size, "]");
+  check_one_block_table(a.mla.view, a.idx.view);
   return a;
 }
 
@@ -104,11 +108,7 @@ V4Fp8PairArgs v4_fp8_pair_write_args(const at::Tensor& kv, const at::Tensor& mla
   TORCH_CHECK_TYPE(k_idx.scalar_type() == at::kBFloat16,
                    "k_idx must be bfloat16 for the V4 fp8 indexer (rounded to bf16 first), got ",
                    k_idx.scalar_type());
-  TORCH_CHECK_VALUE(a.mla.view.num_blocks == a.idx.view.num_blocks &&
-                        a.mla.view.block_size == a.idx.view.block_size,
-                    "mla_view and indexer_view must share one block table (same num_blocks and rows "
-                    "per block), got [", a.mla.view.num_blocks, ", ", a.mla.view.block_size, "] and [",
-                    a.idx.view.num_blocks, ", ", a.idx.view.block_size, "]");
+  check_one_block_table(a.mla.view, a.idx.view);
   return a;
 }
 
