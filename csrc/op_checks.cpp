@@ -109,7 +109,8 @@ void check_spans(const uint8_t* src, int64_t src_bytes, const uint8_t* dst, int6
   writes.reserve(n);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t a = spans[3 * i], b = spans[3 * i + 1], len = spans[3 * i + 2];
-    TORCH_CHECK_INDEX(len >= 0 && a >= 0 && b >= 0 && a <= src_bytes - len && b <= dst_bytes - len,
+    TORCH_CHECK_VALUE(len >= 0, "spans[", i, "] = (", a, ", ", b, ", ", len, "): length must be >= 0");
+    TORCH_CHECK_INDEX(a >= 0 && b >= 0 && a <= src_bytes - len && b <= dst_bytes - len,
                       "spans[", i, "] = (", a, ", ", b, ", ", len, ") is outside src (", src_bytes,
                       " bytes) or dst (", dst_bytes, " bytes)");
     if (len == 0) continue;

@@ -70,10 +70,12 @@ def check_spans(spans: torch.Tensor, src_bytes: int, dst_bytes: int,
     if spans.shape[0] == 0:
         return
     src, dst, n = spans[:, 0], spans[:, 1], spans[:, 2]
+    # ends compared as start > size - length (lengths are >= 0 by then): start + length could
+    # wrap past 2^63 and pass
     for what, bad in (("length must be >= 0", n < 0),
-                      (f"source range must lie in [0, {src_bytes})", (src < 0) | (src + n > src_bytes)),
+                      (f"source range must lie in [0, {src_bytes})", (src < 0) | (src > src_bytes - n)),
                       (f"destination range must lie in [0, {dst_bytes})",
-                       (dst < 0) | (dst + n > dst_bytes))):
+                       (dst < 0) | (dst > dst_bytes - n))):
         if bool(bad.any()):
             i = int(torch.nonzero(bad)[0])
             err = ValueError if what.startswith("length") else IndexError

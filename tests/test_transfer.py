@@ -332,9 +332,16 @@ def test_copy_spans_refuses_overlaps_and_bad_spans():
     for spans, same, err in (([[0, 0, 8], [100, 4, 8]], False, ValueError),
                              ([[0, 64, 8], [60, 1000, 8]], True, ValueError),
                              ([[0, plan.total_bytes - 4, 8]], False, IndexError),
-                             ([[0, 0, -1]], False, ValueError)):
+                             ([[0, 0, -1]], False, ValueError),
+                             # start + length past 2^63 wraps negative: still refused by both
+                             ([[2 ** 63 - 5, 0, 10]], False, IndexError),
+                             ([[10, 10, 2 ** 63 - 5]], False, IndexError),
+                             ([[0, 2 ** 63 - 5, 10]], False, IndexError)):
         with pytest.raises(err):
             kvc.check_spans(torch.tensor(spans), plan.total_bytes, plan.total_bytes, same)
+        with pytest.raises(err):
+            kvc.copy_spans(a, a if same else b, torch.tensor(spans))
+    assert bool((b.buffer == 2).all()) and bool((a.buffer == 1).all())
     # empty spans are no copy for either, even inside another span's bytes
     empty = torch.tensor([[0, 0, 8], [4, 4, 0]])
     kvc.check_spans(empty, plan.total_bytes, plan.total_bytes, False)
