@@ -42,7 +42,12 @@ class GroupTransferPlan:
             if not isinstance(p, GroupPlan):
                 raise TypeError(f"{arg} must be a GroupPlan (plan_cache(groups=...)), got "
                                 f"{type(p).__name__}; use TransferPlan for CachePlans")
-        names = [g.name for g in dst_plan.groups] if groups is None else list(groups)
+        if groups is None:
+            names = [g.name for g in dst_plan.groups]
+        else:  # one name, or names (as TransferPlan's specs=)
+            names = [groups] if isinstance(groups, str) else list(groups)
+            if not names or len(set(names)) != len(names):
+                raise ValueError(f"groups must name groups, each once, got {names}")
         self.src_plan, self.dst_plan = src_plan, dst_plan
         self.moves: dict[str, list[tuple[str, int, TransferPlan]]] = {}
         src_groups = {g.name: g for g in src_plan.groups}
@@ -80,6 +85,10 @@ class GroupTransferPlan:
         missing = sorted(set(self.moves) - set(block_tables))
         if missing:
             raise ValueError(f"block_tables has no (src, dst) tables for groups {missing}")
+        unknown = sorted(set(block_tables) - set(self.moves))
+        if unknown:
+            raise ValueError(f"block_tables names groups that are not moved: {unknown} "
+                             f"(moved: {list(self.moves)})")
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
         parts = []
@@ -97,6 +106,13 @@ class GroupTransferPlan:
         unknown = sorted(set(block_pairs) - set(self.moves))
         if unknown:
             raise ValueError(f"block_pairs names groups that are not moved: {unknown}")
+        for g in block_pairs:
+            sb, db = self.src_plan.group(g).block_size, self.dst_plan.group(g).block_size
+            if sb != db:
+                raise ValueError(f"block_pairs[{g!r}]: whole blocks move only between equal block "
+                                 f"sizes, group {g!r} has {sb} tokens per block in src_plan and "
+                                 f"{db} in dst_plan: move tokens with GroupTransferPlan.token_spans("
+                                 f"{{{g!r}: (src_block_table, dst_block_table)}}, num_tokens)")
         return _merge([xp.block_spans(pairs, f"block_pairs[{g!r}]")
                        for g, pairs in block_pairs.items() for _, _, xp in self.moves[g]])
 

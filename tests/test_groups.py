@@ -455,6 +455,34 @@ def test_transfer_plan_of_group_plans_is_their_group_transfer_plan():
         kvc.GroupTransferPlan(plan, kvc.plan_cache(groups=shorter, num_blocks=2, layout="BLHNC"))
 
 
+def test_group_transfer_arguments_are_taken_as_named():
+    """One group name is one group (as specs= of a CachePlan transfer); a table for a group that
+    is not moved, or whole blocks between unequal group block sizes, are refused by name."""
+    groups = kvc.presets.deepseek_v4("flash")
+    plan = kvc.plan_cache(groups=groups, num_blocks=2, layout="BLHNC")
+    assert list(kvc.TransferPlan(plan, plan, specs="main").moves) == ["main"]
+    assert list(kvc.GroupTransferPlan(plan, plan, groups="swa0").moves) == ["swa0"]
+    for bad in ([], ["main", "main"]):
+        with pytest.raises(ValueError, match="groups must name groups, each once"):
+            kvc.GroupTransferPlan(plan, plan, groups=bad)
+    xp = kvc.GroupTransferPlan(plan, plan, groups=["main"])
+    t = torch.tensor([0], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"block_tables names groups that are not moved: \['swa0'\]"):
+        xp.token_spans({"main": (t, t), "swa0": (t, t)}, 30)
+    wide = [g if g.name != "main" else kvc.CacheGroup(g.name, g.specs, 2 * g.block_size) for g in groups]
+    other = kvc.plan_cache(groups=wide, num_blocks=2, layout="BLHNC")
+    with pytest.raises(ValueError, match=r"group 'main' has 256 tokens per block in src_plan and "
+                                         r"512 in dst_plan: move tokens with GroupTransferPlan\.token_spans"):
+        kvc.GroupTransferPlan(plan, other, groups="main").block_spans({"main": torch.tensor([[0, 1]])})
+    src, dst = kvc.allocate(plan, fill=1), kvc.allocate(other, fill=2)
+    with pytest.raises(ValueError, match="256 tokens per block in src_plan"):
+        kvc.copy_blocks(src, dst, {"main": torch.tensor([[0, 1]])})
+    assert bool((dst.buffer == 2).all())
+    # tokens move between the two block sizes
+    spans = kvc.GroupTransferPlan(plan, other, groups="main").token_spans({"main": (t, t)}, 100)
+    assert int(spans[:, 2].sum()) > 0
+
+
 @settings(max_examples=50, deadline=None)
 @given(st.sampled_from([(4, 1), (4, 4), (8, 2), (64, 1), (256, 4), (256, 128)]),
        st.integers(1, 3), st.integers(1, 5), st.data())
