@@ -53,8 +53,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                       f"scripts/setup.sh installs it): {e}") from e
 
 from .cache import KVCache  # noqa: E402
-from .groups import CacheGroup, GroupPlan  # noqa: E402
-from .layout import CachePlan, CacheSpec, plan_cache  # noqa: E402
+from .groups import GroupPlan  # noqa: E402
+from .layout import CachePlan  # noqa: E402
+from .plan_json import plan_from_dict, plan_to_dict  # noqa: E402
 from .transfer import as_spans, check_spans  # noqa: E402
 
 __all__ = ["DEFAULT_POLL_INTERVAL_S", "Endpoint", "NixlError", "Peer", "PeerGoneError",
@@ -89,39 +90,6 @@ def _nixl_error(e: Exception, what: str, peer: str) -> NixlError:
     return NixlError(f"{what} with peer {peer!r} failed ({text})")
 
 
-def _spec_to_dict(s: CacheSpec) -> dict:
-    return {"name": s.name, "row_bytes": s.row_bytes, "num_layers": s.num_layers,
-            "num_heads": s.num_heads, "split": list(s.split) if s.split else None,
-            "compress_ratio": s.compress_ratio, "page_align": s.page_align}
-
-
-def _spec_from_dict(s: dict) -> CacheSpec:
-    return CacheSpec(s["name"], s["row_bytes"], s["num_layers"], s["num_heads"],
-                     split=tuple(s["split"]) if s["split"] else None,
-                     compress_ratio=s.get("compress_ratio", 1), page_align=s.get("page_align", 1))
-
-
-def plan_to_dict(plan: CachePlan | GroupPlan) -> dict:
-    """A plan as JSON-able data; a group plan keeps each group's block size and window (a peer
-    needs them to address its per-group block tables)."""
-    if isinstance(plan, GroupPlan):
-        return {"groups": [{"name": g.name, "block_size": g.block_size, "window": g.window,
-                            "specs": [_spec_to_dict(s) for s in g.specs]} for g in plan.groups],
-                "num_blocks": plan.num_blocks, "layout": plan.layout, "packing": plan.packing}
-    return {"specs": [_spec_to_dict(s) for s in plan.specs],
-            "num_blocks": plan.num_blocks, "block_size": plan.block_size, "layout": plan.layout}
-
-
-def plan_from_dict(d: dict) -> CachePlan | GroupPlan:
-    if "groups" in d:
-        groups = [CacheGroup(g["name"], tuple(_spec_from_dict(s) for s in g["specs"]),
-                             g["block_size"], g["window"]) for g in d["groups"]]
-        return plan_cache(groups=groups, num_blocks=d["num_blocks"], layout=d["layout"],
-                          packing=d["packing"])
-    return plan_cache([_spec_from_dict(s) for s in d["specs"]], d["num_blocks"], d["block_size"],
-                      d["layout"])
-
-
 @dataclass(frozen=True)
 class Peer:
     """A remote Endpoint: its agent name, its plan and where its buffer lives."""
@@ -144,6 +112,7 @@ class TransferHandle:
         self.spans, self.bytes = spans, nbytes
         self._done = xfer is None
         self._abandoned = False  # the Endpoint was closed before the transfer finished
+        self._cancelled = False  # cancel() gave it up before it finished
 
     def _finish(self) -> None:
         if self._xfer is not None:
@@ -154,6 +123,9 @@ class TransferHandle:
         if self._abandoned:
             raise NixlError(f"Endpoint {self._ep.name!r} was closed during the {self.op} of "
                             f"{self.spans} spans with peer {self.peer.name!r}: its bytes are undefined")
+        if self._cancelled:
+            raise NixlError(f"the {self.op} of {self.spans} spans with peer {self.peer.name!r} was "
+                            "cancelled before it finished: its bytes are undefined")
         if self._done:
             return True
         state = self._ep._state(self)
@@ -166,9 +138,11 @@ class TransferHandle:
         return True
 
     def cancel(self) -> None:
-        """Give up on an unfinished transfer (NIXL aborts it); the bytes it covers are undefined."""
+        """Give up on an unfinished transfer (NIXL aborts it); the bytes it covers are undefined,
+        and done() / wait() raise NixlError from then on. A finished transfer stays finished."""
         if not self._done:
             self._finish()
+            self._cancelled = True
 
     def wait(self, timeout_s: float) -> None:
         """Return when the transfer has finished; raise TimeoutError after timeout_s seconds. A
@@ -202,6 +176,7 @@ class Endpoint:
         self.name, self.cache = name, cache
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
+        self._peer_metadata: dict[str, bytes] = {}  # the blob each peer was added from
         self._handles: set[TransferHandle] = set()
         self._closed = False
         self._mem_type = "VRAM" if buf.is_cuda else "DRAM"
@@ -273,6 +248,12 @@ class Endpoint:
         if peer.nbytes < plan.total_bytes:
             raise ValueError(f"peer {peer.name!r} registered {peer.nbytes} bytes, its plan needs "
                              f"{plan.total_bytes}")
+        known = self._peers.get(peer.name)
+        if known is not None:  # the same handshake again keeps the Peer handed out before
+            if self._peer_metadata.get(peer.name) == bytes(blob):
+                return known
+            raise ValueError(f"peer {peer.name!r} was added before with other metadata (a restarted "
+                             "peer?): remove_peer() the old Peer first")
         with self._lock:
             try:
                 name = self._agent.add_remote_agent(agent_md)
@@ -283,10 +264,12 @@ class Endpoint:
         if name != peer.name:
             raise ValueError(f"blob names peer {peer.name!r} but its agent is {name!r}")
         self._peers[peer.name] = peer
+        self._peer_metadata[peer.name] = bytes(blob)
         return peer
 
     def remove_peer(self, peer: Peer) -> None:
         with self._lock:
+            self._peer_metadata.pop(peer.name, None)
             if self._peers.pop(peer.name, None) is not None and not self._closed:
                 try:
                     self._agent.remove_remote_agent(peer.name)
@@ -387,6 +370,7 @@ class Endpoint:
                 except Exception:
                     pass
             self._peers.clear()
+            self._peer_metadata.clear()
             try:
                 self._agent.deregister_memory(self._reg)
             finally:

@@ -6,6 +6,7 @@ The peer is a "spawn" process (tests/nixl_peer.py) on 127.0.0.1 (UCX_NET_DEVICES
 nixl these tests skip, unless KVC_REQUIRE_NIXL=1 (CI), where a missing nixl fails."""
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import queue
@@ -196,6 +197,43 @@ def test_closing_an_endpoint_fails_its_unfinished_transfers():
         if not finished_first:  # 84 MB through loopback: normally still running here
             with pytest.raises(kn.NixlError, match="was closed during the READ"):
                 h.wait(1)
+    finally:
+        b.close()
+        a.close()
+
+
+def test_cancelled_transfers_do_not_look_finished_and_handshakes_repeat():
+    """cancel() of a running transfer leaves its bytes undefined: done() / wait() say so. The same
+    metadata added twice gives back the Peer handed out first (still usable); other metadata
+    under a known name (a restarted peer) is refused until the old Peer is removed."""
+    plan = kvc.plan_cache([kvc.CacheSpec("mla", 656, 2)], 512, 64, "BLHNC")
+    a = kn.Endpoint("cancel-a", kvc.allocate(plan, fill=1))
+    b = kn.Endpoint("cancel-b", kvc.allocate(plan, fill=0))
+    try:
+        peer = b.add_peer(a.metadata())
+        assert b.add_peer(a.metadata()) is peer
+        pairs = torch.stack([torch.arange(512), torch.randperm(512)], 1)
+        h = b.read(peer, kvc.TransferPlan(plan, plan).block_spans(pairs))
+        finished_first = h.done()
+        h.cancel()
+        if not finished_first:  # 84 MB through loopback: normally still running here
+            with pytest.raises(kn.NixlError, match="was cancelled before it finished"):
+                h.wait(1)
+            with pytest.raises(kn.NixlError, match="cancelled"):
+                h.done()
+        small = b.read(peer, torch.tensor([[0, 0, 8]]))  # the first Peer still works
+        small.wait(WAIT_S)
+        small.cancel()  # a finished transfer stays finished
+        assert small.done()
+        blob = a.metadata()
+        n = int.from_bytes(blob[8:12], "little")
+        head = json.loads(blob[12:12 + n])
+        head["address"] += 64  # the same name, another buffer
+        moved = json.dumps(head).encode()
+        with pytest.raises(ValueError, match="added before with other metadata.*remove_peer"):
+            b.add_peer(blob[:8] + len(moved).to_bytes(4, "little") + moved + blob[12 + n:])
+        b.remove_peer(peer)
+        assert b.add_peer(blob) is not peer
     finally:
         b.close()
         a.close()
