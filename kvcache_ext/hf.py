@@ -67,20 +67,20 @@ class BlockPager:
         key = (batch, start, q)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        if not self.tables:
-            self.tables = [[] for _ in range(batch)]
-        elif len(self.tables) != batch:
+        if self.tables and len(self.tables) != batch:
             raise ValueError(f"PagedCache holds {len(self.tables)} sequences, got a batch of "
                              f"{batch} (call reset() before generating for another batch)")
+        tables = self.tables or [[] for _ in range(batch)]  # the pager's own after the check
         length = start + q
         need = -(-length // self.block_size)
-        missing = sum(max(0, need - len(t)) for t in self.tables)
-        if missing > len(self.free):  # checked before any block is taken or any byte written
+        missing = sum(max(0, need - len(t)) for t in tables)
+        if missing > len(self.free):  # checked before any state changes or any byte is written
             raise CacheFullError(
                 f"PagedCache is out of blocks: {batch} sequence(s) of {length} tokens need "
                 f"{batch * need} blocks of {self.block_size} tokens, num_blocks = "
                 f"{self.num_blocks} ({len(self.free)} free); this length alone needs "
                 f"num_blocks >= {batch * need}")
+        self.tables = tables
         for t in self.tables:
             while len(t) < need:
                 t.append(self.free.pop())

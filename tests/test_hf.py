@@ -187,6 +187,14 @@ def test_a_cache_too_small_for_the_request_is_a_clear_error(hf):
     with pytest.raises(hf.CacheFullError, match=r"num_blocks = 10 .*num_blocks >= 12"):
         generate(model, paged)
     assert isinstance(hf.CacheFullError("x"), RuntimeError)
+    # refused at prefill: the pager is as it was, so a smaller batch fits without reset()
+    ids, mask = prompts()
+    small = hf.PagedCache(config, num_blocks=5, block_size=4)  # 3 rows x 9 tokens need 9
+    with pytest.raises(hf.CacheFullError):
+        model(input_ids=ids, attention_mask=mask, past_key_values=small)
+    assert small.block_tables() == [] and len(small.pager.free) == 5
+    model(input_ids=ids[:1], attention_mask=mask[:1], past_key_values=small)
+    assert [len(t) for t in small.block_tables()] == [3]
 
 
 def test_importing_kvcache_ext_does_not_import_transformers():
