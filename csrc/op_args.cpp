@@ -1,5 +1,6 @@
 #include "op_args.h"
 
+#include <cstring>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -98,9 +99,12 @@ TensorScale tensor_scale(const OptTensor& scale, const at::Tensor& view, const c
   const float* values = ptr<float>(*scale);
   const int64_t stride = n == 1 ? 0 : 1;
   if (!scale->is_cpu()) return {values, 0.0f, stride};
-  for (int64_t h = 0; h < n; ++h)
-    TORCH_CHECK_VALUE(std::isfinite(values[h]) && values[h] > 0.0f, arg, n == 1 ? "" : c10::str("[", h, "]"),
+  for (int64_t h = 0; h < n; ++h) {
+    uint32_t bits;  // tested on the bits: a caller flushing denormals must not refuse 1e-40
+    std::memcpy(&bits, &values[h], 4);
+    TORCH_CHECK_VALUE(bits > 0 && bits < 0x7F800000u, arg, n == 1 ? "" : c10::str("[", h, "]"),
                       " must be finite and > 0, got ", values[h]);
+  }
   if (n == 1) return {nullptr, values[0], 0};
   return {values, 0.0f, stride};  // host values read by the CPU kernel
 }

@@ -248,23 +248,23 @@ class Endpoint:
         if peer.nbytes < plan.total_bytes:
             raise ValueError(f"peer {peer.name!r} registered {peer.nbytes} bytes, its plan needs "
                              f"{plan.total_bytes}")
-        known = self._peers.get(peer.name)
-        if known is not None:  # the same handshake again keeps the Peer handed out before
-            if self._peer_metadata.get(peer.name) == bytes(blob):
-                return known
-            raise ValueError(f"peer {peer.name!r} was added before with other metadata (a restarted "
-                             "peer?): remove_peer() the old Peer first")
-        with self._lock:
+        with self._lock:  # one handshake at a time: the same blob twice gives one Peer
+            known = self._peers.get(peer.name)
+            if known is not None:  # the same handshake again keeps the Peer handed out before
+                if self._peer_metadata.get(peer.name) == bytes(blob):
+                    return known
+                raise ValueError(f"peer {peer.name!r} was added before with other metadata (a "
+                                 "restarted peer?): remove_peer() the old Peer first")
             try:
                 name = self._agent.add_remote_agent(agent_md)
             except Exception as e:
                 raise ValueError(f"NIXL refused the metadata of peer {peer.name!r}: {e}") from None
-        if isinstance(name, bytes):
-            name = name.decode()
-        if name != peer.name:
-            raise ValueError(f"blob names peer {peer.name!r} but its agent is {name!r}")
-        self._peers[peer.name] = peer
-        self._peer_metadata[peer.name] = bytes(blob)
+            if isinstance(name, bytes):
+                name = name.decode()
+            if name != peer.name:
+                raise ValueError(f"blob names peer {peer.name!r} but its agent is {name!r}")
+            self._peers[peer.name] = peer
+            self._peer_metadata[peer.name] = bytes(blob)
         return peer
 
     def remove_peer(self, peer: Peer) -> None:

@@ -171,7 +171,7 @@ def gather_mla(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch
     dtype=), raw rows with raw=True, or "auto" rows in the dtype they were written in.
     seq_starts[r] skips request r's first tokens (chunked-prefill context). Into `out=`, rows
     past cu_seq_lens[-1] are left as they are."""
-    _check_out_kind(out, raw, dtype)
+    _check_out_kind(out, raw and kv_cache_dtype != "auto", dtype)  # "auto" rows are their values
     if out is None:
         rows = _num_tokens(view, block_table, cu_seq_lens, num_tokens)
         out = _mla_out(view, (rows,), kv_cache_dtype, raw, dtype)
@@ -185,7 +185,7 @@ def gather_mla_slots(view: torch.Tensor, slots: torch.Tensor, kv_cache_dtype: st
                      out: torch.Tensor | None = None, validate: bool | None = None,
                      scale: Scale = None) -> torch.Tensor:
     """Rows at explicit int64 slots [K] or [Q, K] (sparse attention); slot -1 gives zeros."""
-    _check_out_kind(out, raw, dtype)
+    _check_out_kind(out, raw and kv_cache_dtype != "auto", dtype)
     if out is None:
         out = _mla_out(view, tuple(slots.shape), kv_cache_dtype, raw, dtype)
     _ops.gather_mla_slots(view, slots.reshape(-1), kv_cache_dtype, _flat_rows(out, "out", 1),

@@ -68,6 +68,7 @@ def v4_dsa_write(kv: torch.Tensor, mla_view: torch.Tensor, k_idx: torch.Tensor,
         k_idx = _as_bf16(k_idx, "k_idx")
     _ops.v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping, scale_floor, indexer)
 
+
 def _v4_out(view: torch.Tensor, rows: tuple[int, ...], fmt: str, raw: bool,
             dtype: torch.dtype | None) -> torch.Tensor:
     if fmt not in V4_DIM:
@@ -120,8 +121,9 @@ def _check_window_args(seq_lens: torch.Tensor, ratio: int, window: int) -> None:
     for arg, value, least in (("ratio", ratio, 1), ("window", window, 0)):
         if not _is_int(value) or value < least:
             raise ValueError(f"{arg} must be an int >= {least}, got {value!r}")
-    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype not in (torch.int32, torch.int64):
-        raise TypeError("seq_lens must be an int32 or int64 tensor, got "
+    if (not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype.is_floating_point
+            or seq_lens.dtype.is_complex or seq_lens.dtype == torch.bool):
+        raise TypeError("seq_lens must be a tensor of integers, got "
                         f"{getattr(seq_lens, 'dtype', type(seq_lens).__name__)}")
     if seq_lens.dim() != 1:
         raise ValueError(f"seq_lens must be 1-D [num_requests], got shape {tuple(seq_lens.shape)}")

@@ -44,10 +44,10 @@ class GroupTransferPlan:
                                 f"{type(p).__name__}; use TransferPlan for CachePlans")
         if groups is None:
             names = [g.name for g in dst_plan.groups]
-        else:  # one name, or names (as TransferPlan's specs=)
+        else:  # one name, or names (as TransferPlan's specs=); none moves nothing
             names = [groups] if isinstance(groups, str) else list(groups)
-            if not names or len(set(names)) != len(names):
-                raise ValueError(f"groups must name groups, each once, got {names}")
+            if len(set(names)) != len(names):
+                raise ValueError(f"groups must name each group once, got {names}")
         self.src_plan, self.dst_plan = src_plan, dst_plan
         self.moves: dict[str, list[tuple[str, int, TransferPlan]]] = {}
         src_groups = {g.name: g for g in src_plan.groups}

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,6 +71,10 @@ def _run_ops(inp: dict[str, torch.Tensor]) -> dict[str, bytes]:
     ops_v4.v4_mla_quant_and_cache(x[:, :512], c4.view("v4", 0), s.flip(0))
     ops_v4.v4_indexer_quant_and_cache(k, c4.view("i4", 0), s)
     out["v4 cache"] = c4.buffer.numpy().tobytes()
+    bt, lens = torch.tensor([[0, 1, 2]], dtype=torch.int32), torch.tensor([70], dtype=torch.int32)
+    r, _ = ops_v4.gather_compressed_and_swa(c4.view("v4", 0), bt, 4, c4.view("v4", 0), bt, lens,
+                                            dtype=torch.float32)
+    out["gather_compressed_and_swa"] = r.numpy().tobytes()
     for name, fmt in (("v4", "fp8_ds_mla_v4"), ("mx", "mxfp4")):
         for dtype in (torch.bfloat16, torch.float32):
             r = ops_v4.gather_v4_slots(c4.view(name, 0), s, fmt, dtype=dtype)
@@ -141,3 +149,33 @@ def test_caller_environment_is_restored(default_bytes):
         _run_ops(inp)
         one = torch.tensor([1.0])
         assert (one + 2.0 ** -30).item() > 1.0  # still rounding upward
+
+
+@pytest.mark.skipif(not X86, reason="feenableexcept / FE_INVALID values are x86-64 glibc's")
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_trapping_callers_and_every_isa(isa):
+    """In a fresh process per row-loop ISA: a caller that unmasked FE_INVALID (inf / inf, 0 * inf
+    arise in the defined inf / NaN cases) is not killed by SIGFPE, every environment gives the
+    default bytes, and a subnormal per-tensor scale is accepted under flush-to-zero."""
+    code = ("import ctypes, sys, torch\n"
+            f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "import test_float_env as t\n"
+            "inp = t._inputs()\n"
+            "inp['x'][::7] = float('inf'); inp['k'][::5, 3] = float('nan')\n"
+            "want = t._run_ops(inp)\n"
+            "for env in t.ENVS.values():\n"
+            "    with env():\n"
+            "        assert t._run_ops(inp) == want\n"
+            "import kvcache_ext as kvc\n"
+            "c = kvc.allocate(kvc.plan_cache([kvc.CacheSpec('k', 32, 1, 2)], 4, 16), fill=0)\n"
+            "tiny = torch.tensor([1e-40])\n"  # made before flushing (torch would flush it)
+            "with t._flush_denormal():\n"
+            "    kvc.ops.reshape_and_cache(torch.ones(2, 2, 32), c.view('k', 0), torch.tensor([0, 1]), 'fp8', tiny)\n"
+            "libm = ctypes.CDLL('libm.so.6')\n"
+            "libm.feenableexcept(0x01)\n"  # FE_INVALID traps from here on
+            "assert t._run_ops(inp) == want\n"
+            "libm.fedisableexcept(0x01)\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, KVC_CPU_ISA=isa))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])

@@ -134,9 +134,10 @@ def test_ops_bump_the_version_of_what_they_write():
     plan = kvc.plan_cache([kvc.CacheSpec("k", 128, 1, 2)], 4, 16)
     cache = kvc.allocate(plan, fill=0)
     key, slots = torch.randn(4, 2, 32), torch.tensor([1, 2, 3, 4])
-    before = cache.buffer._version
+    before = cache.buffer._version, key._version, slots._version
     ops.reshape_and_cache(key, cache.view("k", 0), slots)
-    assert cache.buffer._version > before
+    assert cache.buffer._version > before[0]
+    assert (key._version, slots._version) == before[1:]  # what an op reads keeps its version
     out = torch.zeros(4, 2, 32)
     w = torch.randn(4, 2, 32, requires_grad=True)
     loss = (w * out).sum()  # saves out for the backward
@@ -158,3 +159,11 @@ def test_ops_bump_the_version_of_what_they_write():
 
     ops.reshape_and_cache(key.requires_grad_(), cache.view("k", 0), slots)
     assert not cache.buffer.requires_grad and cache.buffer.grad_fn is None
+    # a tensor autograd tracks is not overwritten (its graph would describe bytes that are gone)
+    tracked = w * 1.0
+    with pytest.raises(ValueError, match="gather_kv_slots: out requires grad"):
+        ops.gather_kv_slots(cache.view("k", 0), slots, dtype=torch.float32, out=tracked)
+    assert torch.equal(tracked, w.detach())
+    with torch.no_grad():
+        ops.gather_kv_slots(cache.view("k", 0), slots, dtype=torch.float32, out=tracked)
+    assert torch.equal(tracked.detach(), key.detach())

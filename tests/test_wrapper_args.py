@@ -70,8 +70,10 @@ def test_out_must_agree_with_raw_and_dtype(cache):
         o4.gather_v4(cache.view("v4", 0), bt, cu, dtype=torch.float32, out=bf[:, :512])
     with pytest.raises(TypeError, match="out must have dtype torch.float32"):
         o4.gather_v4_slots(cache.view("v4", 0), SLOTS[0], dtype=torch.float32, out=bf[:3, :512])
-    # agreeing arguments are accepted
+    # agreeing arguments are accepted; raw= means nothing for "auto" rows (their values)
     assert ops.gather_mla(cache.view("mla", 0), bt, cu, dtype=torch.bfloat16, out=bf) is bf
+    auto = kvc.allocate(kvc.plan_cache([kvc.CacheSpec("m", 576 * 2, 1)], 4, 16), fill=0).view("m", 0)
+    assert ops.gather_mla(auto, bt, cu, "auto", raw=True, out=bf) is bf
     raw = torch.empty(4, 656, dtype=torch.uint8)
     assert ops.gather_mla(cache.view("mla", 0), bt, cu, raw=True, out=raw) is raw
 
@@ -80,7 +82,7 @@ def test_out_must_agree_with_raw_and_dtype(cache):
     (dict(ratio=0), ValueError, r"ratio must be an int >= 1, got 0"),
     (dict(ratio=4.0), ValueError, r"ratio must be an int >= 1, got 4\.0"),
     (dict(window=-100), ValueError, r"window must be an int >= 0, got -100"),
-    (dict(seq_lens=torch.tensor([10.9])), TypeError, r"seq_lens must be an int32 or int64 tensor"),
+    (dict(seq_lens=torch.tensor([10.9])), TypeError, r"seq_lens must be a tensor of integers"),
     (dict(seq_lens=torch.tensor([[10]], dtype=torch.int32)), ValueError, r"seq_lens must be 1-D"),
 ])
 def test_window_gather_refuses_bad_arguments(cache, kw, exc, msg):
@@ -97,9 +99,9 @@ def test_window_gather_refuses_bad_arguments(cache, kw, exc, msg):
 
 def test_window_gather_takes_numpy_integers(cache):
     v, bt = cache.view("v4", 0), torch.tensor([[0, 1]], dtype=torch.int32)
-    out, cu = o4.gather_compressed_and_swa(v, bt, np.int64(4), v, bt, torch.tensor([10]),
-                                           window=np.int32(128))
-    assert cu.tolist() == [0, 12] and out.shape == (12, 512)
+    for lens in (torch.tensor([10]), torch.tensor([10], dtype=torch.int16)):
+        out, cu = o4.gather_compressed_and_swa(v, bt, np.int64(4), v, bt, lens, window=np.int32(128))
+        assert cu.tolist() == [0, 12] and out.shape == (12, 512)
 
 
 def test_state_ops_name_their_arguments(cache):
@@ -117,7 +119,7 @@ def test_state_ops_name_their_arguments(cache):
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.float64, torch.uint8])
-def test_v4_indexer_refuses_non_float_k(cache, dtype):
+def test_v4_indexer_refuses_other_dtypes(cache, dtype):
     before = cache.buffer.clone()
     with pytest.raises(TypeError, match=rf"k must be bfloat16, float16 or float32, got {dtype}"):
         o4.v4_indexer_quant_and_cache(torch.ones(2, 128, dtype=dtype), cache.view("idx", 0),

@@ -15,34 +15,40 @@
 
 namespace kvc::cpu {
 
-// Round to nearest, denormals kept (in and out) for this scope; the caller's setting after it.
+// IEEE's default for this scope: round to nearest, every exception masked (no trap), and on
+// x86-64 denormals kept in and out (no FTZ / DAZ); the caller's setting after it. Elsewhere
+// flush-to-zero has no portable control and is left as the caller set it.
 class DefaultFloatEnv {
  public:
 #if defined(__x86_64__) || defined(_M_X64)
   DefaultFloatEnv() : saved_(_mm_getcsr()) {
-    constexpr unsigned kDaz = 1u << 6, kRounding = 3u << 13, kFtz = 1u << 15;
-    const unsigned want = saved_ & ~(kDaz | kRounding | kFtz);
-    changed_ = want != saved_;
-    if (changed_) _mm_setcsr(want);
+    constexpr unsigned kDefault = 0x1F80, kFlags = 0x3F;  // masks set, RN, no FTZ / DAZ
+    changed_ = (saved_ & ~kFlags) != kDefault;             // raised flags alone change nothing
+    if (changed_) _mm_setcsr(kDefault | (saved_ & kFlags));
   }
   ~DefaultFloatEnv() {
     if (changed_) _mm_setcsr(saved_);
   }
-#else  // rounding only: flush-to-zero has no portable control
-  DefaultFloatEnv() : saved_(static_cast<unsigned>(std::fegetround())) {
-    changed_ = saved_ != FE_TONEAREST;
-    if (changed_) std::fesetround(FE_TONEAREST);
-  }
-  ~DefaultFloatEnv() {
-    if (changed_) std::fesetround(static_cast<int>(saved_));
-  }
-#endif
-  DefaultFloatEnv(const DefaultFloatEnv&) = delete;
-  DefaultFloatEnv& operator=(const DefaultFloatEnv&) = delete;
 
  private:
   unsigned saved_;
+#else
+  DefaultFloatEnv() {
+    changed_ = std::feholdexcept(&saved_) == 0;  // saves the environment, masks every trap
+    std::fesetround(FE_TONEAREST);
+  }
+  ~DefaultFloatEnv() {
+    if (changed_) std::fesetenv(&saved_);
+  }
+
+ private:
+  std::fenv_t saved_;
+#endif
   bool changed_;
+
+ public:
+  DefaultFloatEnv(const DefaultFloatEnv&) = delete;
+  DefaultFloatEnv& operator=(const DefaultFloatEnv&) = delete;
 };
 
 // at::parallel_for whose chunks each run under DefaultFloatEnv (on whichever thread runs them).
