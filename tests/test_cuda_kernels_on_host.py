@@ -314,6 +314,27 @@ def test_v4_writes_give_the_cpu_bytes(simt, layout, dtype):
     assert torch.equal(bufs[0], bufs[1])
 
 
+@pytest.mark.parametrize("layout", ["BLHNC", "BHLNC"])
+def test_v4_pair_with_fp8_indexer_gives_the_cpu_bytes(simt, layout):
+    """v4_dsa_write(indexer="fp8"): the V4 main row and V3.2's 132-B split indexer row (bf16
+    k, ue8m0) by the two kernels the CUDA branch launches."""
+    plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("pro", indexer="fp8"), num_blocks=3,
+                          layout=layout)
+    rows = plan.num_blocks * plan.rows_per_block("c4_kv")
+    g = torch.Generator().manual_seed(27)
+    slots = torch.randperm(rows, generator=g)[:41].to(torch.int64)
+    slots[::6] = -1
+    slots[2] = rows
+    oracle = torch.where(slots >= rows, -1, slots)
+    x = v4_inputs(41, torch.bfloat16)
+    cuda_gc, cpu_gc = guarded(plan, seed=28), guarded(plan, seed=28)
+    for gc, s, ops in ((cuda_gc, slots, simt), (cpu_gc, oracle, torch.ops.kvcache_ext)):
+        ops.v4_dsa_write(x[:, 1:513], gc.view("c4_kv", 2), x[:, 400:528], gc.view("c4_indexer", 1),
+                         s, "amax", "fp8")
+    assert (cpu_gc.whole != guarded(plan, seed=28).whole).sum() > 30 * (584 + 132)
+    assert torch.equal(cuda_gc.whole, cpu_gc.whole)
+
+
 def test_v4_gathers_give_the_cpu_bytes(simt):
     plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("pro"), num_blocks=4, layout="BLHNC")
     gc = guarded(plan, seed=24)

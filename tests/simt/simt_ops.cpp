@@ -107,7 +107,16 @@ void v4_quant_and_cache(const Tensor& x, const Tensor& view, const Tensor& slot_
 
 void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
                   const Tensor& indexer_view, const Tensor& slot_mapping,
-                  const std::string& scale_floor) {
+                  const std::string& scale_floor, const std::string& indexer) {
+  if (indexer == "fp8") {  // the op's CUDA branch: one set of checks, then both kernels
+    const auto a = kvc::v4_fp8_pair_write_args(kv, mla_view, k_idx, indexer_view, slot_mapping,
+                                               scale_floor);
+    if (a.mla.num_tokens) {
+      kvc::cuda::dispatch_v4_write(a.mla, Launch{});
+      kvc::cuda::dispatch_indexer_write(a.idx, Launch{});
+    }
+    return;
+  }
   const auto a = kvc::v4_pair_write_args(kv, mla_view, k_idx, indexer_view, slot_mapping, scale_floor);
   if (a.mla.num_tokens) kvc::cuda::dispatch_v4_pair_write(a.mla, a.idx, Launch{});
 }
@@ -171,7 +180,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("scale"), pybind11::arg("slots") = std::nullopt);
   m.def("copy_spans", &copy_spans);
   m.def("v4_quant_and_cache", &v4_quant_and_cache);
-  m.def("v4_dsa_write", &v4_dsa_write);
+  m.def("v4_dsa_write", &v4_dsa_write, pybind11::arg("kv"), pybind11::arg("mla_view"),
+        pybind11::arg("k_idx"), pybind11::arg("indexer_view"), pybind11::arg("slot_mapping"),
+        pybind11::arg("scale_floor"), pybind11::arg("indexer") = "mxfp4");
   m.def("gather_v4", &gather_v4);
   m.def("gather_v4_window", &gather_v4_window);
   m.def("canonical_nan_codes", &canonical_nan_codes);
