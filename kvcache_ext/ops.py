@@ -213,10 +213,9 @@ def gather_kv(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.
     copied (C = D x itemsize); with it they are e4m3 codes (C = D) decoded as code x scale (per
     tensor, or per head [H]). Into `out=`, rows past cu_seq_lens[-1] are left as they are."""
     scale = _scale(scale)
+    _check_out_kind(out, False, dtype)
     if out is None:
         out = _kv_out(view, (_num_tokens(view, block_table, cu_seq_lens, num_tokens),), dtype, scale)
-    elif dtype is not None and out.dtype != dtype:
-        raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
     _ops.gather_kv(view, block_table, cu_seq_lens, seq_starts, out,
                    _validate_default(validate, view), scale)
     return out
@@ -228,10 +227,9 @@ def gather_kv_slots(view: torch.Tensor, slots: torch.Tensor, *, dtype: torch.dty
     """K (or V) rows at explicit int64 slots [K] or [Q, K] -> [*slots.shape, H, D] (copied, or
     decoded from e4m3 codes with `scale`, as gather_kv); slot -1 gives zeros."""
     scale = _scale(scale)
+    _check_out_kind(out, False, dtype)
     if out is None:
         out = _kv_out(view, tuple(slots.shape), dtype, scale)
-    elif dtype is not None and out.dtype != dtype:
-        raise TypeError(f"out must have dtype {dtype}, got {out.dtype}")
     _ops.gather_kv_slots(view, slots.reshape(-1), _flat_rows(out, "out", 2),
                          _validate_default(validate, view), scale)
     return out
