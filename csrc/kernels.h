@@ -19,6 +19,11 @@ struct TensorScale {
   KVC_HD float get(int64_t head = 0) const { return ptr != nullptr ? ptr[head * stride] : value; }
 };
 
+// Tile scales of fp8_ds_mla rows (SPEC 3): kPow2, the default, stores 2^ceil(log2(max(amax / 448,
+// 1e-4))) (vLLM since PR #49435: FlashMLA's readers convert the scale to bf16 or E8M0, which only
+// a power of two survives); kFp32 stores max(amax / 448, FLT_MIN) (engines before that change).
+enum class TileScale : int32_t { kPow2 = 0, kFp32 = 1 };
+
 // Row formats of the MLA ops.
 enum class MlaFormat : int32_t {
   kAuto = 0,       // 576 values of the input dtype, copied
@@ -50,6 +55,7 @@ struct MlaWriteParams {
   DType dtype;
   MlaFormat format;
   TensorScale scale;  // kFp8Tensor only
+  TileScale tile_scale;  // kFp8DsMla only
   PagedView view;
   const int64_t* slots;
   int64_t num_tokens;
@@ -117,7 +123,12 @@ struct IndexerGatherParams {
 };
 
 // Per-token scale math, shared by every implementation.
-KVC_HD float mla_tile_scale(float amax) { return fmax_(amax / kFp8Max, kFltMin); }
+// fp8_ds_mla tile scale of a tile whose max |x| is amax: amax / 448 by IEEE division, floored, and
+// for kPow2 rounded up to a power of two from the float's bits (exact; no log2 / exp2).
+KVC_HD float mla_tile_scale(float amax, TileScale rule) {
+  const float s = amax / kFp8Max;
+  return rule == TileScale::kPow2 ? ue8m0_round_up(fmax_(s, kMlaPow2ScaleFloor)) : fmax_(s, kFltMin);
+}
 KVC_HD float indexer_scale(float amax, bool ue8m0) {
   const float s = fmax_(amax, kIndexerAmaxFloor) / kFp8Max;
   return ue8m0 ? ue8m0_round_up(s) : s;

@@ -57,6 +57,7 @@ KVC_HD float canonical_nan(float f) { return is_nan(f) ? bits_float(kCanonicalNa
 constexpr float kFp8Max = 448.0f;
 constexpr float kFltMin = 1.17549435e-38f;  // FLT_MIN
 constexpr float kIndexerAmaxFloor = 1e-4f;
+constexpr float kMlaPow2ScaleFloor = 1e-4f;  // fp8_ds_mla "pow2" tiles: floor of amax / 448
 
 // Software encoder, branch-free so CPU loops vectorize. Normal range: round the fp32 mantissa
 // to 3 bits (nearest even) by integer arithmetic. Subnormal range (|x| < 2^-6): adding 2^14
@@ -132,8 +133,8 @@ KVC_HD float ue8m0_round_up(float s) {
   return bits_float((u & 0xFF800000u) + 0x800000u);
 }
 
-// x / s for the e4m3 encoder when s is a tile scale (fmax(amax / 448, FLT_MIN), or the
-// indexer's fmax(amax, 1e-4) / 448) of bf16 / fp16 inputs and x a value of the tile: three
+// x / s for the e4m3 encoder when s is a tile scale (fmax(amax / 448, FLT_MIN), its power-of-two
+// round-up, or the indexer's fmax(amax, 1e-4) / 448) of bf16 / fp16 inputs and x a value of the tile: three
 // multiply-adds with the correctly rounded reciprocal y = 1 / s instead of a division,
 //   q0 = x * y,  r = fma(-q0, s, x),  q = fma(r, y, q0),  sign of q := sign of x (x = -0
 //   would give +0: the division's zero keeps the sign of x),

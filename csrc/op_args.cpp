@@ -109,6 +109,17 @@ TensorScale tensor_scale(const OptTensor& scale, const at::Tensor& view, const c
   return {values, 0.0f, stride};  // host values read by the CPU kernel
 }
 
+// fp8_ds_mla tile scales: "pow2" (the default) or "fp32"; given with another row format, refused.
+TileScale parse_tile_scale(OptStr tile_scale, MlaFormat format, std::string_view kv_cache_dtype) {
+  if (!tile_scale) return TileScale::kPow2;
+  TORCH_CHECK_VALUE(*tile_scale == "pow2" || *tile_scale == "fp32",
+                    "tile_scale must be \"pow2\" or \"fp32\", got \"", *tile_scale, "\"");
+  TORCH_CHECK_VALUE(format == MlaFormat::kFp8DsMla, "tile_scale applies to kv_cache_dtype "
+                    "\"fp8_ds_mla\" only, got tile_scale=\"", *tile_scale, "\" with kv_cache_dtype \"",
+                    kv_cache_dtype, "\"");
+  return *tile_scale == "pow2" ? TileScale::kPow2 : TileScale::kFp32;
+}
+
 void check_no_scale(const OptTensor& scale, std::string_view kv_cache_dtype) {
   TORCH_CHECK_VALUE(!scale.has_value(), "scale is only used with kv_cache_dtype \"fp8\", got "
                     "a scale with kv_cache_dtype \"", kv_cache_dtype, "\"");
@@ -244,10 +255,11 @@ PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
 MlaWriteParams mla_write_args(const at::Tensor& kv_c, const at::Tensor& k_pe,
                               const at::Tensor& view, const at::Tensor& slot_mapping,
                               std::string_view kv_cache_dtype, const OptTensor& scale,
-                              const char* view_arg) {
+                              OptStr tile_scale, const char* view_arg) {
   MlaWriteParams p{};
   p.view = paged_view(view, view_arg);
   p.format = parse_mla_format(kv_cache_dtype);
+  p.tile_scale = parse_tile_scale(tile_scale, p.format, kv_cache_dtype);
   p.num_tokens = check_slot_mapping(slot_mapping, view, view_arg);
   p.dtype = input_dtype(kv_c, "kv_c", p.format == MlaFormat::kAuto);
   TORCH_CHECK_TYPE(k_pe.scalar_type() == kv_c.scalar_type(), "k_pe must have the dtype of kv_c (",

@@ -42,7 +42,7 @@ PlainWriteParams plain_write_args(const at::Tensor& key, const at::Tensor& view,
 MlaWriteParams mla_write_args(const at::Tensor& kv_c, const at::Tensor& k_pe,
                               const at::Tensor& view, const at::Tensor& slot_mapping,
                               std::string_view kv_cache_dtype, const OptTensor& scale,
-                              const char* view_arg = "view");
+                              OptStr tile_scale = std::nullopt, const char* view_arg = "view");
 IndexerWriteParams indexer_write_args(const at::Tensor& k, const at::Tensor& view,
                                       const at::Tensor& slot_mapping, OptStr scale_fmt,
                                       std::string_view placement, const char* k_arg = "k",

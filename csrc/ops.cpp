@@ -90,9 +90,10 @@ void reshape_and_cache_kv(const Tensor& key, const Tensor& value, const Tensor& 
 
 void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& view,
                           const Tensor& slot_mapping, S kv_cache_dtype,
-                          const std::optional<Tensor>& scale) {
+                          const std::optional<Tensor>& scale, OS tile_scale) {
   NvtxRange range("kvc::concat_and_cache_mla");
-  const MlaWriteParams p = mla_write_args(kv_c, k_pe, view, slot_mapping, sv(kv_cache_dtype), scale);
+  const MlaWriteParams p = mla_write_args(kv_c, k_pe, view, slot_mapping, sv(kv_cache_dtype), scale,
+                                          osv(tile_scale));
   check_apart({named(view, "view")}, {named(kv_c, "kv_c"), named(k_pe, "k_pe"),
                                       named(slot_mapping, "slot_mapping"), named(scale, "scale")});
   run_write(view, slot_mapping, p, cpu::mla_write, [](const MlaWriteParams& p, void* s) { KVC_CUDA(cuda::mla_write(p, s)); });
@@ -109,13 +110,14 @@ void indexer_k_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor
 
 void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, const Tensor& k_idx,
                const Tensor& indexer_view, const Tensor& slot_mapping, S kv_cache_dtype,
-               OS scale_fmt, S placement) {
+               OS scale_fmt, S placement, OS tile_scale) {
   NvtxRange range("kvc::dsa_write");
   TORCH_CHECK_VALUE(kv_cache_dtype != "fp8",
                     "dsa_write writes fp8_ds_mla or auto MLA rows; for per-tensor fp8 rows call "
                     "concat_and_cache_mla and indexer_k_quant_and_cache");
   const MlaWriteParams mla = mla_write_args(kv_c, k_pe, mla_view, slot_mapping,
-                                            sv(kv_cache_dtype), std::nullopt, "mla_view");
+                                            sv(kv_cache_dtype), std::nullopt, osv(tile_scale),
+                                            "mla_view");
   const IndexerWriteParams idx = indexer_write_args(k_idx, indexer_view, slot_mapping,
                                                     osv(scale_fmt), sv(placement), "k_idx",
                                                     "indexer_view");

@@ -14,12 +14,12 @@ TORCH_LIBRARY(kvcache_ext, m) {
         "Tensor slot_mapping, str kv_cache_dtype=\"auto\", Tensor? k_scale=None, "
         "Tensor? v_scale=None) -> ()");
   m.def("concat_and_cache_mla(Tensor kv_c, Tensor k_pe, Tensor(a!) view, Tensor slot_mapping, "
-        "str kv_cache_dtype=\"fp8_ds_mla\", Tensor? scale=None) -> ()");
+        "str kv_cache_dtype=\"fp8_ds_mla\", Tensor? scale=None, str? tile_scale=None) -> ()");
   m.def("indexer_k_quant_and_cache(Tensor k, Tensor(a!) view, Tensor slot_mapping, "
         "str? scale_fmt=None, str placement=\"row\") -> ()");
   m.def("dsa_write(Tensor kv_c, Tensor k_pe, Tensor(a!) mla_view, Tensor k_idx, "
         "Tensor(b!) indexer_view, Tensor slot_mapping, str kv_cache_dtype=\"fp8_ds_mla\", "
-        "str? scale_fmt=None, str placement=\"row\") -> ()");
+        "str? scale_fmt=None, str placement=\"row\", str? tile_scale=None) -> ()");
   // Reads into caller-provided outputs (fixed shapes, so they capture in CUDA graphs).
   m.def("gather_mla(Tensor view, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts, "
         "str kv_cache_dtype, Tensor(a!) out, bool validate=True, Tensor? scale=None) -> ()");

@@ -61,10 +61,15 @@ def reshape_and_cache_kv(key: torch.Tensor, value: torch.Tensor, k_view: torch.T
 
 def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, view: torch.Tensor,
                          slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
-                         scale: Scale = None) -> None:
+                         scale: Scale = None, tile_scale: str | None = None) -> None:
     """kv_c [T, 512] + k_pe [T, 64] -> 656-byte fp8_ds_mla rows, 576-byte per-tensor "fp8" rows
-    (DeepSeek-V3/R1: e4m3 of x / scale for all 576 values), or 576-value "auto" rows."""
-    _ops.concat_and_cache_mla(kv_c, k_pe, view, slot_mapping, kv_cache_dtype, _scale(scale))
+    (DeepSeek-V3/R1: e4m3 of x / scale for all 576 values), or 576-value "auto" rows.
+
+    tile_scale (fp8_ds_mla only): "pow2" (the default when None; vLLM since PR #49435) stores
+    each tile's scale as 2^ceil(log2(max(amax / 448, 1e-4))); "fp32" stores max(amax / 448,
+    FLT_MIN), what engines before that change write."""
+    _ops.concat_and_cache_mla(kv_c, k_pe, view, slot_mapping, kv_cache_dtype, _scale(scale),
+                              tile_scale)
 
 
 def indexer_k_quant_and_cache(k: torch.Tensor, view: torch.Tensor, slot_mapping: torch.Tensor,
@@ -76,10 +81,11 @@ def indexer_k_quant_and_cache(k: torch.Tensor, view: torch.Tensor, slot_mapping:
 def dsa_write(kv_c: torch.Tensor, k_pe: torch.Tensor, mla_view: torch.Tensor, k_idx: torch.Tensor,
               indexer_view: torch.Tensor, slot_mapping: torch.Tensor,
               kv_cache_dtype: str = "fp8_ds_mla", scale_fmt: str | None = None,
-              placement: str = "row") -> None:
-    """One layer's MLA row and indexer row for the same slots, in one kernel launch."""
+              placement: str = "row", tile_scale: str | None = None) -> None:
+    """One layer's MLA row and indexer row for the same slots, in one kernel launch
+    (tile_scale as concat_and_cache_mla's)."""
     _ops.dsa_write(kv_c, k_pe, mla_view, k_idx, indexer_view, slot_mapping, kv_cache_dtype,
-                   scale_fmt, placement)
+                   scale_fmt, placement, tile_scale)
 
 
 def _validate_default(validate: bool | None, view: torch.Tensor) -> bool:

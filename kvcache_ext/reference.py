@@ -11,6 +11,8 @@ import torch
 FP8_MAX = 448.0
 FLT_MIN = torch.finfo(torch.float32).tiny
 INDEXER_AMAX_FLOOR = 1e-4
+MLA_POW2_SCALE_FLOOR = 1e-4  # fp8_ds_mla "pow2" tile scales: floor of amax / 448
+TILE_SCALES = ("pow2", "fp32")
 INDEXER_ROW_BYTES = 132
 
 
@@ -57,10 +59,16 @@ def ue8m0_round_up(s: torch.Tensor) -> torch.Tensor:
     return up.view(torch.float32)
 
 
-def mla_tile_scales(kv_c: torch.Tensor) -> torch.Tensor:
-    """[T, 512] -> [T, 4] scales max(amax / 448, FLT_MIN)."""
+def mla_tile_scales(kv_c: torch.Tensor, tile_scale: str = "pow2") -> torch.Tensor:
+    """[T, 512] -> [T, 4] fp32 scales: "pow2" 2^ceil(log2(max(amax / 448, 1e-4))) (rounded up
+    from the bits), "fp32" max(amax / 448, FLT_MIN)."""
+    if tile_scale not in TILE_SCALES:
+        raise ValueError(f"tile_scale must be one of {TILE_SCALES}, got {tile_scale!r}")
     tiles = kv_c.float().reshape(kv_c.shape[0], 4, 128)
-    return torch.clamp(amax(tiles) / FP8_MAX, min=FLT_MIN)
+    s = amax(tiles) / FP8_MAX
+    if tile_scale == "fp32":
+        return torch.clamp(s, min=FLT_MIN)
+    return ue8m0_round_up(torch.clamp(s, min=MLA_POW2_SCALE_FLOOR))
 
 
 def indexer_scales(k: torch.Tensor, scale_fmt: str | None = None) -> torch.Tensor:
@@ -69,10 +77,10 @@ def indexer_scales(k: torch.Tensor, scale_fmt: str | None = None) -> torch.Tenso
 
 
 # ---- rows -------------------------------------------------------------------------------------
-def mla_fp8_rows(kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+def mla_fp8_rows(kv_c: torch.Tensor, k_pe: torch.Tensor, tile_scale: str = "pow2") -> torch.Tensor:
     """kv_c [T, 512], k_pe [T, 64] -> uint8 [T, 656] fp8_ds_mla rows."""
     t = kv_c.shape[0]
-    scales = mla_tile_scales(kv_c)
+    scales = mla_tile_scales(kv_c, tile_scale)
     x = kv_c.float().reshape(t, 4, 128) / scales.unsqueeze(-1)
     rope = k_pe if k_pe.dtype == torch.bfloat16 else to_bf16(k_pe.float())
     return torch.cat([e4m3_encode(x).reshape(t, 512),
@@ -268,10 +276,10 @@ def gather_kv(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.
 
 def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, view: torch.Tensor,
                          slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
-                         scale=None) -> None:
+                         scale=None, tile_scale: str | None = None) -> None:
     t = slot_mapping.numel()
     if kv_cache_dtype == "fp8_ds_mla":
-        rows = mla_fp8_rows(kv_c[:t], k_pe[:t])
+        rows = mla_fp8_rows(kv_c[:t], k_pe[:t], tile_scale or "pow2")
     elif kv_cache_dtype == "fp8":
         rows = mla_fp8_tensor_rows(kv_c[:t], k_pe[:t], scale)
     else:
@@ -286,9 +294,11 @@ def indexer_k_quant_and_cache(k: torch.Tensor, view: torch.Tensor, slot_mapping:
 
 
 def dsa_write(kv_c, k_pe, mla_view, k_idx, indexer_view, slot_mapping,
-              kv_cache_dtype="fp8_ds_mla", scale_fmt=None, placement="row") -> None:
+              kv_cache_dtype="fp8_ds_mla", scale_fmt=None, placement="row",
+              tile_scale=None) -> None:
     _indexer_pages(indexer_view, placement)  # a refused placement raises before any write
-    concat_and_cache_mla(kv_c, k_pe, mla_view, slot_mapping, kv_cache_dtype)
+    concat_and_cache_mla(kv_c, k_pe, mla_view, slot_mapping, kv_cache_dtype,
+                         tile_scale=tile_scale)
     indexer_k_quant_and_cache(k_idx, indexer_view, slot_mapping, scale_fmt, placement)
 
 

@@ -2,14 +2,31 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
 
 import kvcache_ext as kvc
 
+ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 GUARD = 256  # bytes of poison on each side of the plan's buffer
+
+
+@pytest.fixture(scope="session")
+def simt():
+    """The CUDA kernels built for the host (tests/simt/simt_host.h): one thread per lane."""
+    from torch.utils.cpp_extension import load
+    build = ROOT / "build" / "simt_host"
+    build.mkdir(parents=True, exist_ok=True)
+    return load(name="kvc_simt_host",
+                sources=[str(ROOT / "tests/simt/simt_ops.cpp"), str(ROOT / "csrc/op_args.cpp"),
+                         str(ROOT / "csrc/op_checks.cpp"), str(ROOT / "csrc/overlap.cpp"),
+                         str(ROOT / "csrc/v4_args.cpp")],
+                extra_include_paths=[str(ROOT / "csrc"), str(ROOT / "tests/simt")],
+                extra_cflags=["-O1", "-std=c++20", "-ffp-contract=off", "-fno-trapping-math"],
+                build_directory=str(build), verbose=False)
 
 
 @pytest.fixture(params=DEVICES)

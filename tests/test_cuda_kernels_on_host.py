@@ -24,20 +24,6 @@ ROOT = Path(__file__).resolve().parent.parent
 BAD = 10**9  # a slot far outside any view
 
 
-@pytest.fixture(scope="module")
-def simt():
-    from torch.utils.cpp_extension import load
-    build = ROOT / "build" / "simt_host"
-    build.mkdir(parents=True, exist_ok=True)
-    return load(name="kvc_simt_host",
-                sources=[str(ROOT / "tests/simt/simt_ops.cpp"), str(ROOT / "csrc/op_args.cpp"),
-                         str(ROOT / "csrc/op_checks.cpp"), str(ROOT / "csrc/overlap.cpp"),
-                         str(ROOT / "csrc/v4_args.cpp")],
-                extra_include_paths=[str(ROOT / "csrc"), str(ROOT / "tests/simt")],
-                extra_cflags=["-O1", "-std=c++20", "-ffp-contract=off", "-fno-trapping-math"],
-                build_directory=str(build), verbose=False)
-
-
 def plan_for(layout: str, block_size: int) -> kvc.CachePlan:
     specs = [kvc.CacheSpec("mla", 656, 2), kvc.CacheSpec("indexer", 132, 2),
              kvc.CacheSpec("mla_auto", 1152, 1), kvc.CacheSpec("kv", 2 * 64, 1, 2),

@@ -150,6 +150,11 @@ def test_row_format_by_hand():
     k_pe = torch.arange(64, dtype=torch.bfloat16).view(1, 64)
     kvc.ops.concat_and_cache_mla(kv_c, k_pe, cache.view("mla", 1), torch.tensor([322]))
     row = cache.buffer[547616:547616 + 656]
+    # the default tile scales are powers of two: 2^ceil(log2(max(amax / 448, 1e-4)))
+    assert row[512:528].view(torch.float32).tolist() == [1.0, 2.0 ** -7, 2.0 ** -9, 2.0 ** -13]
+    assert row[0] == 0x7E and row[128] == 0xF8 and row[300] == 0x78 and row[1] == 0  # 448, -256, 256
+    kvc.ops.concat_and_cache_mla(kv_c, k_pe, cache.view("mla", 1), torch.tensor([322]),
+                                 tile_scale="fp32")
     scales = row[512:528].view(torch.float32)
     want = torch.tensor([448.0, 2.0, 0.5, 0.0]) / 448.0
     want[3] = torch.finfo(torch.float32).tiny

@@ -1,8 +1,8 @@
 // Host program: numerics.h's tile_div (three multiply-adds with the reciprocal) gives the e4m3
 // code of the IEEE quotient x / s for every operand pair the write kernels hand it: every
 // finite bf16 (resp. fp16) value x and every tile scale s of a bf16 (resp. fp16) amax A >= |x|,
-// for both scale rules (MLA: fmax(A / 448, FLT_MIN); indexer: fmax(A, 1e-4) / 448). About 2^32
-// pairs. Prints "mismatches: N"; exit status 1 if any.
+// for every scale rule (MLA "fp32": fmax(A / 448, FLT_MIN); MLA "pow2": its power-of-two round-up
+// with the 1e-4 floor; indexer: fmax(A, 1e-4) / 448). About 1.5 x 2^32 pairs. Prints "mismatches: N"; exit status 1 if any.
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -23,11 +23,13 @@ int main() {
     std::vector<float> amaxes;
     for (float f : xs)
       if (f >= 0.0f && float_bits(f) != 0x80000000u) amaxes.push_back(f);
-    for (int rule = 0; rule < 2; ++rule) {
+    for (int rule = 0; rule < 3; ++rule) {
 #pragma omp parallel for reduction(+ : bad, pairs, fast) schedule(dynamic, 64)
       for (size_t i = 0; i < amaxes.size(); ++i) {
         const float a = amaxes[i];
-        const float s = rule == 0 ? mla_tile_scale(a) : indexer_scale(a, false);
+        const float s = rule == 0   ? mla_tile_scale(a, TileScale::kFp32)
+                        : rule == 1 ? indexer_scale(a, false)
+                                    : mla_tile_scale(a, TileScale::kPow2);
         const TileDivisor d = tile_divisor(s);
         fast += d.y != 0.0f;
         for (float x : xs) {

@@ -114,7 +114,7 @@ void mla_write(const MlaWriteParams& p) {
       constexpr int64_t kTiles = kMlaLatentDim / kMlaTile;
       float scales[kTiles];
       tile_amax(kv_c, p.dtype, kTiles, kMlaTile, kMlaTile, scales);
-      for (float& s : scales) s = mla_tile_scale(s);
+      for (float& s : scales) s = mla_tile_scale(s, p.tile_scale);
       quantize_tiles(kv_c, p.dtype, kTiles, kMlaTile, kMlaTile, scales, row);
       std::memcpy(row + kMlaScalesOffset, scales, sizeof(scales));
       // Rope values stored as bf16: bf16 input bit for bit, fp16 rounded to nearest even.

@@ -83,7 +83,7 @@ __device__ __forceinline__ void store_mla_fp8(const MlaWriteParams& p, int64_t s
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) amax = amax_step(amax, x[i]);
-  const float scale = mla_tile_scale(group_max<8>(amax));  // every lane: shuffles need all 32
+  const float scale = mla_tile_scale(group_max<8>(amax), p.tile_scale);  // every lane: shuffles need all 32
   if (!p.view.valid_slot(slot)) return;
   uint8_t* row = p.view.row(slot);
   uint32_t codes[4];

@@ -44,8 +44,9 @@ void reshape_and_cache_kv(const Tensor& key, const Tensor& value, const Tensor& 
 
 void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& view,
                           const Tensor& slot_mapping, const std::string& kv_cache_dtype,
-                          const std::optional<Tensor>& scale) {
-  const auto p = kvc::mla_write_args(kv_c, k_pe, view, slot_mapping, kv_cache_dtype, scale);
+                          const std::optional<Tensor>& scale, const OptS& tile_scale) {
+  const auto p = kvc::mla_write_args(kv_c, k_pe, view, slot_mapping, kv_cache_dtype, scale,
+                                     osv(tile_scale));
   if (p.num_tokens) kvc::cuda::dispatch_mla_write(p, Launch{});
 }
 
@@ -58,9 +59,9 @@ void indexer_k_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor
 void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, const Tensor& k_idx,
                const Tensor& indexer_view, const Tensor& slot_mapping,
                const std::string& kv_cache_dtype, const OptS& scale_fmt,
-               const std::string& placement) {
+               const std::string& placement, const OptS& tile_scale) {
   const auto mla = kvc::mla_write_args(kv_c, k_pe, mla_view, slot_mapping, kv_cache_dtype,
-                                       std::nullopt);
+                                       std::nullopt, osv(tile_scale));
   const auto idx = kvc::indexer_write_args(k_idx, indexer_view, slot_mapping, osv(scale_fmt),
                                            placement);
   if (mla.num_tokens) kvc::cuda::dispatch_dsa_write(mla, idx, Launch{});
@@ -169,9 +170,14 @@ Tensor exact_recip(const Tensor& scales) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("reshape_and_cache", &reshape_and_cache);
-  m.def("concat_and_cache_mla", &concat_and_cache_mla);
+  m.def("concat_and_cache_mla", &concat_and_cache_mla, pybind11::arg("kv_c"), pybind11::arg("k_pe"),
+        pybind11::arg("view"), pybind11::arg("slot_mapping"), pybind11::arg("kv_cache_dtype"),
+        pybind11::arg("scale"), pybind11::arg("tile_scale") = std::nullopt);
   m.def("indexer_k_quant_and_cache", &indexer_k_quant_and_cache);
-  m.def("dsa_write", &dsa_write);
+  m.def("dsa_write", &dsa_write, pybind11::arg("kv_c"), pybind11::arg("k_pe"),
+        pybind11::arg("mla_view"), pybind11::arg("k_idx"), pybind11::arg("indexer_view"),
+        pybind11::arg("slot_mapping"), pybind11::arg("kv_cache_dtype"), pybind11::arg("scale_fmt"),
+        pybind11::arg("placement"), pybind11::arg("tile_scale") = std::nullopt);
   m.def("gather_mla", &gather_mla);
   m.def("gather_indexer", &gather_indexer);
   m.def("reshape_and_cache_kv", &reshape_and_cache_kv);
