@@ -43,8 +43,8 @@ import kvcache_ext as kvc
 from kvcache_ext import ops_v4 as o4
 from kvcache_ext import reference as ref
 from kvcache_ext import reference_v4 as r4
-from kvcache_ext._ext import cpu_isa
-from kvcache_ext.timing import Timer, Timing, time_interleaved, time_samples
+from kvcache_ext.ops.library import cpu_isa
+from kvcache_ext.cli.timing import Timer, Timing, time_interleaved, time_samples
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import (COPY_BELOW_USUAL_FACTOR, NOISY, NOISY_SPREAD_PCT, Result,  # noqa: E402

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kvcache_ext.timing import Timing
+from kvcache_ext.cli.timing import Timing
 
 # A row is noisy when the interquartile range of one of its timings' samples exceeds this share
 # of their median. Repeats of the same call on an idle machine agree within a few per cent; a
@@ -68,7 +68,7 @@ class Result:
     noisy_in: list[str] = field(default_factory=list)  # ... of these timings
 
     def set_stats(self, stats: dict) -> None:
-        """The op's sample statistics, from kvcache_ext.timing.Timing.stats()."""
+        """The op's sample statistics, from kvcache_ext.cli.timing.Timing.stats()."""
         self.samples = stats["n"]
         self.min_us, self.p10_us, self.q1_us = stats["min"], stats["p10"], stats["q1"]
         self.q3_us, self.p90_us, self.spread_pct = stats["q3"], stats["p90"], stats["spread_pct"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from kvcache_ext.timing import sync, time_calls
+from kvcache_ext.cli.timing import sync, time_calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cache_ops import build_cases, l2_flush_buffer  # noqa: E402

@@ -28,7 +28,7 @@ python=${PYTHON:-python3}
 .venv/bin/python -m pip install -q -r requirements.txt
 # CUDA_HOME: the nvcc on PATH may be a wrapper script; setup.py prefers /usr/local/cuda.
 MAX_JOBS=${MAX_JOBS:-$(nproc)} .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e .
-.venv/bin/python -c "import kvcache_ext._ext as e; print('kvcache_ext built; CUDA kernels:', e.has_cuda_kernels())"
+.venv/bin/python -c "import kvcache_ext.ops.library as e; print('kvcache_ext built; CUDA kernels:', e.has_cuda_kernels())"
 
 if [ "$demo" = 1 ]; then
   .venv/bin/python -m kvcache_ext demo

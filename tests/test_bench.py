@@ -17,7 +17,7 @@ import profile_ops  # noqa: E402
 from bench_report import (MAX_PCT_COPY, MAX_PCT_SAME_COPY, NOISY_SPREAD_PCT, Result,  # noqa: E402
                           copy_summary, run_warnings, targets, usual_copy, write)
 
-from kvcache_ext.timing import Timer, Timing, time_interleaved  # noqa: E402
+from kvcache_ext.cli.timing import Timer, Timing, time_interleaved  # noqa: E402
 
 OPS = {"reshape_and_cache", "reshape_and_cache_fp8", "concat_and_cache_mla_fp8", "gather_kv",
        "concat_and_cache_mla", "concat_and_cache_mla_auto",

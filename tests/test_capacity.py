@@ -2,10 +2,10 @@
 import pytest
 
 import kvcache_ext as kvc
-from kvcache_ext.capacity import (ModelKV, local_kv_heads, max_num_blocks, pool_for_budget,
+from kvcache_ext.plan.capacity import (ModelKV, local_kv_heads, max_num_blocks, pool_for_budget,
                                   pp_stage_layers, rank_cache, rank_kv, rank_specs, request_slots)
 from kvcache_ext.cli import main
-from kvcache_ext.presets import preset, preset_names
+from kvcache_ext.plan.presets import preset, preset_names
 
 QWEN = ModelKV(num_layers=28, num_kv_heads=8, head_dim=128, bytes_per_elem=2)
 KIB, MIB = 1024, 1024 * 1024

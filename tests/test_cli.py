@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import kvcache_ext as kvc
-from kvcache_ext import cli, demo, page
+from kvcache_ext import cli
+from kvcache_ext.cli import demo
+from kvcache_ext.viz import page
 
 SPECS = [kvc.CacheSpec("mla", 656, 2), kvc.CacheSpec("indexer", 132, 2)]
 

@@ -4,7 +4,10 @@ cache but applies the same quantization round trip (reference.mla_fp8_rows / mla
 indexer_rows / indexer_dequant). The reference attends without the absorbed W_UK / W_UV (keys
 and values expanded per head), so it checks the model's attention as well as its cache reads.
 
-Tolerances (fp32 compute, so model and reference differ by summation order only, ~1e-6):
+Tolerances (fp32 compute, so model and reference differ by summation order, ~1e-6, and by what
+that order does to the bf16 rows: a k_pe or kv_c value next to a bf16 rounding boundary is
+cached one bf16 ulp (2^-8) apart -- a handful of rope values per layer-1 prefill here -- which
+moves a logit by up to ~1e-3 of the largest):
 - top-k: every position whose reference score beats the k-th best by more than GAP is chosen,
   none that trails it by more than GAP is, and as many are chosen as the reference chooses;
   swaps are allowed only among scores within GAP of the k-th best;
@@ -20,7 +23,7 @@ from kvcache_ext import reference as ref
 from kvcache_ext.models.dsa import DSAConfig, DSAModel, DSARunner, StepOutput, last_tokens
 
 GAP = 1e-4          # indexer scores are O(0.1 .. 1)
-ATOL, RTOL = 1e-4, 1e-4
+ATOL, RTOL = 1e-4, 4e-4  # one-ulp bf16 flips of cached values (module docstring)
 CFG = DSAConfig()   # hidden 256, 4 heads, 16 indexer heads, top-16, 2 layers
 PROMPTS = (37, 20, 9)  # longer than top-k: prefill and decode really choose
 DECODE_STEPS = 4

@@ -440,14 +440,16 @@ def test_transfer_plan_of_group_plans_is_their_group_transfer_plan():
     groups = kvc.presets.deepseek_v4("flash")
     plan = kvc.plan_cache(groups=groups, num_blocks=2, layout="BLHNC")
     other = kvc.plan_cache(groups=groups, num_blocks=3, layout="BLNHC", packing="stack")
-    xp = kvc.TransferPlan(plan, other, specs=["main", "swa0"])
+    xp = kvc.plan_transfer(plan, other, specs=["main", "swa0"])
     assert isinstance(xp, kvc.GroupTransferPlan) and list(xp.moves) == ["main", "swa0"]
     pairs = {"main": torch.tensor([[0, 2]])}
     assert torch.equal(xp.block_spans(pairs), kvc.GroupTransferPlan(plan, other).block_spans(pairs))
     with pytest.raises(TypeError, match="GroupTransferPlan"):  # one group plan, one spec plan
         kvc.TransferPlan(plan, kvc.plan_cache([kvc.CacheSpec("a", 4)], 1, 4))
     with pytest.raises(ValueError, match="layers= and heads= apply to CachePlans"):
-        kvc.TransferPlan(plan, other, layers={"c4_kv": (0, 0, 1)})
+        kvc.plan_transfer(plan, other, layers={"c4_kv": (0, 0, 1)})
+    with pytest.raises(TypeError, match="plan_transfer"):  # no constructor returns another class
+        kvc.TransferPlan(plan, other)
     # windows decide which rows are live: the two plans must agree on them
     shorter = [g if g.name != "swa0" else kvc.CacheGroup(g.name, g.specs, g.block_size, window=64)
                for g in groups]
@@ -460,7 +462,7 @@ def test_group_transfer_arguments_are_taken_as_named():
     is not moved, or whole blocks between unequal group block sizes, are refused by name."""
     groups = kvc.presets.deepseek_v4("flash")
     plan = kvc.plan_cache(groups=groups, num_blocks=2, layout="BLHNC")
-    assert list(kvc.TransferPlan(plan, plan, specs="main").moves) == ["main"]
+    assert list(kvc.plan_transfer(plan, plan, specs="main").moves) == ["main"]
     assert list(kvc.GroupTransferPlan(plan, plan, groups="swa0").moves) == ["swa0"]
     with pytest.raises(ValueError, match="groups must name each group once"):
         kvc.GroupTransferPlan(plan, plan, groups=["main", "main"])

@@ -53,7 +53,7 @@ def test_every_cpu_isa_gives_the_same_op_bytes():
             "v4 = [o4.gather_v4_slots(c4.view(n, 0), s, f, dtype=d).view(torch.uint8) for n, f in (('v4', 'fp8_ds_mla_v4'), ('mx', 'mxfp4')) for d in (torch.bfloat16, torch.float32)]\n"
             "print(hashlib.sha256(c.buffer.numpy().tobytes() + out.numpy().tobytes() + bf.numpy().tobytes()\n"
             "                     + c4.buffer.numpy().tobytes() + b''.join(v.numpy().tobytes() for v in v4)).hexdigest())\n"
-            "from kvcache_ext._ext import cpu_isa\n"
+            "from kvcache_ext.ops.library import cpu_isa\n"
             "print(cpu_isa())\n")
     digests = {}
     for isa in ("scalar", "avx2", "avx512", "bogus"):

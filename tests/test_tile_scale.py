@@ -188,7 +188,7 @@ def test_every_cpu_isa_stores_the_same_scales(tmp_path):
     code = ("import sys, torch, kvcache_ext as kvc\n"
             "sys.path.insert(0, sys.argv[1])\n"
             "import test_tile_scale as t\n"
-            "from kvcache_ext._ext import cpu_isa\n"
+            "from kvcache_ext.ops.library import cpu_isa\n"
             "out = []\n"
             "for dtype in (torch.bfloat16, torch.float16):\n"
             "    kv_c, k_pe = t.tiles_for(t.amax_patterns(dtype))\n"

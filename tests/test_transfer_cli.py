@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import kvcache_ext as kvc
-from kvcache_ext import cli, render
+from kvcache_ext import cli
+from kvcache_ext.viz import model, picture, text
 
 
 def run(argv, capsys):
@@ -92,13 +93,13 @@ def test_transfer_bad_arguments_one_line(argv, message, capsys):
 def test_split_specs_are_shown(capsys):
     specs = [kvc.CacheSpec("mla", 656, 2), kvc.CacheSpec("indexer", 132, 2, split=(128, 4))]
     plan = kvc.plan_cache(specs, 8, 64, "BLHNC")
-    table = render.views_table(plan)
+    table = text.views_table(plan)
     assert table[1].split()[-1] == "split" and table[-1].split()[-1] == "128+4"
     assert table[-2].split()[-1] == "-"
-    assert render.plan_data(plan)["specs"][1]["split"] == [128, 4]
-    legend = [lab.text for lab in render.map_picture(plan, [0, 1, 5]).labels]
+    assert model.plan_data(plan)["specs"][1]["split"] == [128, 4]
+    legend = [lab.text for lab in picture.map_picture(plan, [0, 1, 5]).labels]
     assert "indexer (132 B/token split 128+4, 2 layers, 1 head)" in legend
-    plain = render.views_table(kvc.plan_cache(specs[:1], 8, 64, "BLHNC"))
+    plain = text.views_table(kvc.plan_cache(specs[:1], 8, 64, "BLHNC"))
     assert "split" not in plain[1]  # the seed's table keeps its columns
     rc, out, err = run(["layout", "--spec", "mla:656", "--spec", "indexer:128+4"], capsys)
     assert rc == 0 and "128+4" in out, err

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from .. import ops
-from ..cache import KVCache, allocate
-from ..layout import DEFAULT_LAYOUT, CacheSpec, plan_cache
+from ..cache import BlockPool, KVCache, allocate
+from ..plan import DEFAULT_LAYOUT, CacheSpec, plan_cache
 
 KV_LORA_RANK, ROPE_DIM, INDEX_DIM = 512, 64, 128  # fixed by the cache row formats
 Views = Sequence[tuple[torch.Tensor, torch.Tensor]]  # per layer: (mla view, indexer view)
@@ -226,7 +226,7 @@ class DSAModel(nn.Module):
 
 @dataclass
 class DSARunner:
-    """A small engine: requests, per-request block tables grown from a free list, prefill and
+    """A small engine: requests, per-request block tables grown from one block pool, prefill and
     decode steps. The block table is one static tensor (updated in place) so a captured graph
     sees new blocks."""
 
@@ -236,11 +236,10 @@ class DSARunner:
     max_blocks: int                       # per request
     block_table: torch.Tensor = field(init=False)
     lens: list[int] = field(default_factory=list)
-    free: list[int] = field(init=False)
+    pool: BlockPool = field(init=False)
 
     def __post_init__(self) -> None:
-        plan = self.cache.plan
-        self.free = list(range(plan.num_blocks - 1, -1, -1))
+        self.pool = BlockPool(self.cache.plan.num_blocks)
         self.block_table = torch.full((self.max_requests, self.max_blocks), -1, dtype=torch.int32,
                                       device=self.cache.buffer.device)
         self._host_table = [[] for _ in range(self.max_requests)]
@@ -255,6 +254,15 @@ class DSARunner:
         return cls(model.to(device), allocate(plan, device, fill=0), max_requests, max_blocks)
 
     @property
+    def free(self) -> list[int]:
+        """The pool's free list (the next block handed out is its last entry)."""
+        return self.pool.free
+
+    @free.setter
+    def free(self, blocks: list[int]) -> None:
+        self.pool.free = list(blocks)
+
+    @property
     def block_size(self) -> int:
         return self.cache.plan.block_size
 
@@ -264,13 +272,13 @@ class DSARunner:
             raise ValueError(f"request {r} needs {need} blocks for {length} tokens, more than "
                              f"max_blocks = {self.max_blocks}")
         table = self._host_table[r]
-        if need - len(table) > len(self.free):
+        if need - len(table) > self.pool.num_free:
             raise RuntimeError(f"out of cache blocks: request {r} needs {need - len(table)} "
-                               f"more, {len(self.free)} of num_blocks = "
+                               f"more, {self.pool.num_free} of num_blocks = "
                                f"{self.cache.plan.num_blocks} free")
-        while len(table) < need:
-            table.append(self.free.pop())
-            self.block_table[r, len(table) - 1] = table[-1]
+        for block in self.pool.allocate(max(0, need - len(table))):
+            table.append(block)
+            self.block_table[r, len(table) - 1] = block
 
     def step_inputs(self, new_tokens: list[list[int]]) -> dict[str, torch.Tensor]:
         """Append new_tokens[r] to request r (starting a request when it has none yet):

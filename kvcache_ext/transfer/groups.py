@@ -1,0 +1,124 @@
+"""Transfers between plans made of cache groups (SPEC 10 plans, plan_cache(groups=...)).
+
+Every group has its own block tables, so a transfer takes one block table pair (or one list of
+block pairs) per group. Every spec of a group moves in its own row space: a spec with
+compress_ratio r in a group of block size B holds B / r rows per block, and a request of T
+tokens has rows 0 .. T // r - 1 (row k is written by token k·r + r - 1, SPEC 10). A windowed
+group (CacheGroup.window = w: SWA, compressor states) moves only the rows of its last w tokens,
+so only the blocks that hold live rows appear in the spans.
+
+The span math is TransferPlan's, applied to one-spec plans in row space; the spans of every
+spec and group are merged once more at the end.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Mapping
+
+import torch
+
+from ..plan import CachePlan, GroupPlan
+from .plan import TransferPlan
+from .spans import merge_spans
+
+
+def _row_plan(plan: GroupPlan, name: str) -> CachePlan:
+    """Spec `name` of a group plan as a one-spec CachePlan whose "tokens" are the spec's rows."""
+    s = plan.spec(name)
+    return CachePlan(specs=(replace(s, compress_ratio=1, page_align=1),),
+                     num_blocks=plan.num_blocks, block_size=plan.rows_per_block(name),
+                     layout=plan.layout, tensors={name: plan.tensor(name)},
+                     total_bytes=plan.total_bytes)
+
+
+class GroupTransferPlan:
+    """Spans moving the groups `groups` (default: every group of dst_plan) between two group
+    plans. Each moved group must be in both plans with the same specs (names, row_bytes, split,
+    compress_ratio, layers, heads); layouts, numbers of blocks, packings and block sizes may
+    differ (token_spans; block_spans needs equal block sizes)."""
+
+    def __init__(self, src_plan: GroupPlan, dst_plan: GroupPlan, groups=None) -> None:
+        for arg, p in (("src_plan", src_plan), ("dst_plan", dst_plan)):
+            if not isinstance(p, GroupPlan):
+                raise TypeError(f"{arg} must be a GroupPlan (plan_cache(groups=...)), got "
+                                f"{type(p).__name__}; use TransferPlan for CachePlans")
+        if groups is None:
+            names = [g.name for g in dst_plan.groups]
+        else:  # one name, or names (as TransferPlan's specs=); none moves nothing
+            names = [groups] if isinstance(groups, str) else list(groups)
+            if len(set(names)) != len(names):
+                raise ValueError(f"groups must name each group once, got {names}")
+        self.src_plan, self.dst_plan = src_plan, dst_plan
+        self.moves: dict[str, list[tuple[str, int, TransferPlan]]] = {}
+        src_groups = {g.name: g for g in src_plan.groups}
+        for gname in names:
+            d = next((g for g in dst_plan.groups if g.name == gname), None)
+            if d is None or gname not in src_groups:
+                side = "dst_plan" if d is None else "src_plan"
+                raise ValueError(f"group {gname!r} is not in {side}")
+            s = src_groups[gname]
+            if s.window != d.window:  # a window decides which rows are live: both must agree
+                raise ValueError(f"group {gname!r} keeps the last {s.window} tokens in src_plan "
+                                 f"and the last {d.window} in dst_plan")
+            for field in ("name", "row_bytes", "split", "compress_ratio", "num_layers",
+                          "num_heads"):
+                sv, dv = ([getattr(x, field) for x in g.specs] for g in (s, d))
+                if sv != dv:
+                    raise ValueError(f"group {gname!r} differs in its specs' {field}: {sv} in "
+                                     f"src_plan, {dv} in dst_plan")
+            self.moves[gname] = [
+                (sp.name, sp.compress_ratio,
+                 TransferPlan(_row_plan(src_plan, sp.name), _row_plan(dst_plan, sp.name)))
+                for sp in d.specs]
+
+    def live_rows(self, group: str, spec_ratio: int, num_tokens: int) -> tuple[int, int]:
+        """[first, end) rows of a spec with `spec_ratio` that a request of `num_tokens` tokens
+        holds in `group` (a windowed group: only the rows of its last `window` tokens)."""
+        g = self.dst_plan.group(group)
+        first_token = 0 if g.window is None else max(num_tokens - g.window, 0)
+        return first_token // spec_ratio, num_tokens // spec_ratio
+
+    def token_spans(self, block_tables: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                    num_tokens: int) -> torch.Tensor:
+        """int64 [S, 3] moving a request of `num_tokens` tokens: block_tables[group] =
+        (src_block_table, dst_block_table), int32 [M] in that group's block size."""
+        missing = sorted(set(self.moves) - set(block_tables))
+        if missing:
+            raise ValueError(f"block_tables has no (src, dst) tables for groups {missing}")
+        unknown = sorted(set(block_tables) - set(self.moves))
+        if unknown:
+            raise ValueError(f"block_tables names groups that are not moved: {unknown} "
+                             f"(moved: {list(self.moves)})")
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        parts = []
+        for gname, moves in self.moves.items():
+            src_table, dst_table = block_tables[gname]
+            for _, ratio, xp in moves:
+                first, end = self.live_rows(gname, ratio, num_tokens)
+                if end > first:
+                    parts.append(xp.token_spans(src_table, dst_table, end - first, first, first))
+        return _merge(parts)
+
+    def block_spans(self, block_pairs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """int64 [S, 3] moving whole blocks: block_pairs[group] = int64 [M, 2] (src, dst) blocks
+        of that group (its block size must be equal on both sides)."""
+        unknown = sorted(set(block_pairs) - set(self.moves))
+        if unknown:
+            raise ValueError(f"block_pairs names groups that are not moved: {unknown}")
+        for g in block_pairs:
+            sb, db = self.src_plan.group(g).block_size, self.dst_plan.group(g).block_size
+            if sb != db:
+                raise ValueError(f"block_pairs[{g!r}]: whole blocks move only between equal block "
+                                 f"sizes, group {g!r} has {sb} tokens per block in src_plan and "
+                                 f"{db} in dst_plan: move tokens with GroupTransferPlan.token_spans("
+                                 f"{{{g!r}: (src_block_table, dst_block_table)}}, num_tokens)")
+        return _merge([xp.block_spans(pairs, f"block_pairs[{g!r}]")
+                       for g, pairs in block_pairs.items() for _, _, xp in self.moves[g]])
+
+
+def _merge(parts: list[torch.Tensor]) -> torch.Tensor:
+    if not parts:
+        return torch.zeros(0, 3, dtype=torch.int64)
+    spans = torch.cat(parts)
+    return merge_spans(spans[:, 0], spans[:, 1], spans[:, 2])

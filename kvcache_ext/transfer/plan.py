@@ -1,0 +1,280 @@
+"""Transfer plans: the (src_offset, dst_offset, length) spans that move a request between two
+cache plans (SPEC 8).
+
+Both plans enumerate the same logical bytes -- (spec, layer, token, head, bytes of the row) --
+through their own strides. The planner cuts those bytes into pieces that are contiguous in both
+buffers ("atoms"), sorts them by source offset and merges every piece that continues the
+previous one in both buffers. The merge is exact: two pieces stay apart only where the source
+or the destination jumps, so the spans are the fewest the two plans allow.
+
+Atoms, per spec, for one chunk of tokens that lies inside one block on both sides:
+- a split spec (split=(a, b), H = 1): two pieces, the chunk's first-part bytes and its
+  second-part bytes (each contiguous: the token stride of a part is a, resp. b);
+- heads stored next to each other on both sides (head_stride == C, or one moved head): one
+  row of count x C bytes per token; consecutive tokens continue when both token strides equal
+  that row, then the chunk is one piece;
+- else one piece per head, of C bytes per token, or of the whole chunk when both token
+  strides are C.
+Everything is int64 torch arithmetic over [layers, heads, chunks] grids: no per-token loop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from ..plan import CachePlan
+from .spans import merge_spans
+
+Range = tuple[int, int, int]  # (src_first, dst_first, count)
+
+
+@dataclass(frozen=True)
+class _Side:
+    offset: int
+    layer_stride: int
+    block_stride: int
+    head_stride: int
+    token_stride: int
+
+
+@dataclass(frozen=True)
+class _SpecMove:
+    name: str
+    row_bytes: int
+    split: tuple[int, int] | None
+    layers: Range
+    heads: Range
+    src: _Side
+    dst: _Side
+
+
+def _side(plan: CachePlan, name: str) -> _Side:
+    t = plan.tensor(name)
+    return _Side(t.offset, t.layer_stride, t.block_stride, t.head_stride, t.token_stride)
+
+
+def _range(arg: str, name: str, given: Mapping[str, object] | None, src_n: int, dst_n: int,
+           what: str) -> Range:
+    """(src_first, dst_first, count) of spec `name`, checked against both plans."""
+    if given is None or name not in given:
+        if src_n != dst_n:
+            raise ValueError(f"spec {name!r} has {src_n} {what} in src_plan and {dst_n} in "
+                             f"dst_plan: give {arg}={{{name!r}: (src_first, dst_first, count)}}")
+        return (0, 0, src_n)
+    r = given[name]
+    if (not isinstance(r, (tuple, list)) or len(r) != 3
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in r)):
+        raise ValueError(f"{arg}[{name!r}] must be (src_first, dst_first, count) ints, got {r!r}")
+    s0, d0, n = (int(v) for v in r)
+    if n <= 0 or s0 < 0 or d0 < 0:
+        raise ValueError(f"{arg}[{name!r}] = {tuple(r)}: count must be > 0 and firsts >= 0")
+    if s0 + n > src_n:
+        raise ValueError(f"{arg}[{name!r}] = {tuple(r)} is outside src_plan: spec {name!r} has "
+                         f"{src_n} {what} there")
+    if d0 + n > dst_n:
+        raise ValueError(f"{arg}[{name!r}] = {tuple(r)} is outside dst_plan: spec {name!r} has "
+                         f"{dst_n} {what} there")
+    return (s0, d0, n)
+
+
+class TransferPlan:
+    """The spans that move `specs` (their `layers` and `heads` ranges) from src_plan to dst_plan.
+
+    specs:  names to move (default: every spec of dst_plan); each must be in both plans with
+            the same row_bytes and split.
+    layers: {name: (src_first, dst_first, count)}; default all layers (counts must match).
+    heads:  {name: (src_first, dst_first, count)}; default all heads (counts must match).
+
+    Plans of cache groups (plan_cache(groups=...)) move with GroupTransferPlan (one block table
+    per group); kvc.plan_transfer picks the right one for any two plans.
+    """
+
+    def __init__(self, src_plan: CachePlan, dst_plan: CachePlan, specs=None,
+                 layers: Mapping[str, Range] | None = None,
+                 heads: Mapping[str, Range] | None = None) -> None:
+        for arg, p in (("src_plan", src_plan), ("dst_plan", dst_plan)):
+            if not isinstance(p, CachePlan):
+                hint = (" (plans of cache groups move with kvc.GroupTransferPlan, one block "
+                        "table per group; kvc.plan_transfer picks the plan class for any two "
+                        "plans)" if type(p).__name__ == "GroupPlan" else "")
+                raise TypeError(f"{arg} must be a CachePlan, got {type(p).__name__}{hint}")
+        src_names = [s.name for s in src_plan.specs]
+        dst_names = [s.name for s in dst_plan.specs]
+        if specs is None:
+            names = dst_names
+        else:
+            names = [specs] if isinstance(specs, str) else list(specs)
+            if not names:
+                raise ValueError("specs must name at least one spec")
+            if len(set(names)) != len(names):
+                raise ValueError(f"specs must not repeat a name, got {names}")
+        for arg, given in (("layers", layers), ("heads", heads)):
+            extra = sorted(set(given or {}) - set(names))
+            if extra:
+                raise ValueError(f"{arg} names specs that are not moved: {extra} (moved: {names})")
+        moves = []
+        for name in names:
+            if name not in src_names:
+                raise ValueError(f"spec {name!r} is not in src_plan (its specs: {src_names})")
+            if name not in dst_names:
+                raise ValueError(f"spec {name!r} is not in dst_plan (its specs: {dst_names})")
+            s, d = src_plan.spec(name), dst_plan.spec(name)
+            for field in ("row_bytes", "split"):
+                if getattr(s, field) != getattr(d, field):
+                    raise ValueError(f"spec {name!r} differs in {field}: {getattr(s, field)!r} in "
+                                     f"src_plan, {getattr(d, field)!r} in dst_plan")
+            moves.append(_SpecMove(
+                name, s.row_bytes, s.split,
+                _range("layers", name, layers, s.num_layers, d.num_layers, "layers"),
+                _range("heads", name, heads, s.num_heads, d.num_heads, "heads"),
+                _side(src_plan, name), _side(dst_plan, name)))
+        self.src_plan, self.dst_plan = src_plan, dst_plan
+        self.moves: tuple[_SpecMove, ...] = tuple(moves)
+
+    @property
+    def specs(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.moves)
+
+    def bytes_per_token(self) -> int:
+        """Bytes moved per token (every moved spec, layer and head)."""
+        return sum(m.row_bytes * m.layers[2] * m.heads[2] for m in self.moves)
+
+    # ---- public: spans ------------------------------------------------------------------------
+    def block_spans(self, block_pairs: torch.Tensor, arg: str = "block_pairs") -> torch.Tensor:
+        """int64 [S, 3] (src_offset, dst_offset, length) moving whole blocks: row i of
+        `block_pairs` (int64 [M, 2]) copies src block [i, 0] into dst block [i, 1]. Needs equal
+        block sizes (else use token_spans). Two rows with one destination raise ValueError."""
+        if self.src_plan.block_size != self.dst_plan.block_size:
+            raise ValueError(f"block_spans needs equal block sizes, got {self.src_plan.block_size} "
+                             f"(src_plan) and {self.dst_plan.block_size} (dst_plan): use "
+                             f"TransferPlan.token_spans(src_block_table, dst_block_table, "
+                             f"num_tokens) for different block sizes")
+        pairs = _check_pairs(block_pairs, arg, self.src_plan.num_blocks, self.dst_plan.num_blocks)
+        n = self.src_plan.block_size
+        zeros = torch.zeros(pairs.shape[0], dtype=torch.int64)
+        return self._spans(pairs[:, 0], pairs[:, 1], zeros, zeros,
+                           torch.full_like(zeros, n))
+
+    def token_spans(self, src_block_table: torch.Tensor, dst_block_table: torch.Tensor,
+                    num_tokens: int, src_start: int = 0, dst_start: int = 0) -> torch.Tensor:
+        """int64 [S, 3] moving tokens src_start .. src_start + num_tokens - 1 of a request (block
+        table `src_block_table`, int32 [M]) to dst_start .. of `dst_block_table`. Any block
+        sizes: the tokens move in runs that break at the block boundaries of either side."""
+        for arg, v in (("num_tokens", num_tokens), ("src_start", src_start),
+                       ("dst_start", dst_start)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{arg} must be an int >= 0, got {v!r}")
+        ns, nd = self.src_plan.block_size, self.dst_plan.block_size
+        if num_tokens == 0:
+            return torch.zeros(0, 3, dtype=torch.int64)
+        src_table = _check_table(src_block_table, "src_block_table", src_start, num_tokens, ns,
+                                 self.src_plan.num_blocks)
+        dst_table = _check_table(dst_block_table, "dst_block_table", dst_start, num_tokens, nd,
+                                 self.dst_plan.num_blocks)
+        # chunk starts (token index i of the request): 0 and every block start of either side
+        first_s = (-src_start) % ns
+        first_d = (-dst_start) % nd
+        cuts = torch.cat([torch.zeros(1, dtype=torch.int64),
+                          torch.arange(first_s, max(first_s, num_tokens), ns, dtype=torch.int64),
+                          torch.arange(first_d, max(first_d, num_tokens), nd, dtype=torch.int64)])
+        cuts = torch.unique(cuts)  # sorted
+        lens = torch.diff(cuts, append=torch.tensor([num_tokens]))
+        sp, dp = cuts + src_start, cuts + dst_start
+        return self._spans(src_table[sp // ns], dst_table[dp // nd], sp % ns, dp % nd, lens)
+
+    # ---- the span math -----------------------------------------------------------------------
+    def _spans(self, sb: torch.Tensor, db: torch.Tensor, sn: torch.Tensor, dn: torch.Tensor,
+               k: torch.Tensor) -> torch.Tensor:
+        """Chunks: k tokens at position sn of src block sb -> position dn of dst block db."""
+        if sb.numel() == 0:
+            return torch.zeros(0, 3, dtype=torch.int64)
+        pieces = [self._atoms(m, sb, db, sn, dn, k) for m in self.moves]
+        src = torch.cat([p[0] for p in pieces])
+        dst = torch.cat([p[1] for p in pieces])
+        length = torch.cat([p[2] for p in pieces])
+        return merge_spans(src, dst, length)
+
+    def _atoms(self, m: _SpecMove, sb, db, sn, dn, k):
+        ns, nd = self.src_plan.block_size, self.dst_plan.block_size
+        (sl0, dl0, nl), (sh0, dh0, nh) = m.layers, m.heads
+        s, d, c = m.src, m.dst, m.row_bytes
+        li = torch.arange(nl, dtype=torch.int64)
+        # [L, 1, K]: start of the chunk's page in each layer
+        s_page = (s.offset + (sl0 + li) * s.layer_stride)[:, None, None] + (sb * s.block_stride)[None, None, :]
+        d_page = (d.offset + (dl0 + li) * d.layer_stride)[:, None, None] + (db * d.block_stride)[None, None, :]
+        kk = k[None, None, :]
+        if m.split is not None:  # H == 1: two pieces per chunk
+            a, b = m.split
+            parts = [torch.broadcast_tensors(s_page + sn * a, d_page + dn * a, kk * a),
+                     torch.broadcast_tensors(s_page + ns * a + sn * b, d_page + nd * a + dn * b,
+                                             kk * b)]
+            return tuple(torch.cat([p[i].reshape(-1) for p in parts]) for i in range(3))
+        hi = torch.arange(nh, dtype=torch.int64)
+        grouped = nh == 1 or (s.head_stride == c and d.head_stride == c)
+        if grouped:  # the moved heads of one token are one row of nh x C bytes on both sides
+            s_head = torch.tensor([sh0 * s.head_stride], dtype=torch.int64)
+            d_head = torch.tensor([dh0 * d.head_stride], dtype=torch.int64)
+            unit = nh * c
+        else:  # one piece per head
+            s_head, d_head, unit = (sh0 + hi) * s.head_stride, (dh0 + hi) * d.head_stride, c
+        s_row = s_page + s_head[None, :, None] + (sn * s.token_stride)[None, None, :]
+        d_row = d_page + d_head[None, :, None] + (dn * d.token_stride)[None, None, :]
+        if s.token_stride == unit and d.token_stride == unit:  # tokens continue: one piece
+            s_row, d_row = torch.broadcast_tensors(s_row, d_row)
+            return s_row.reshape(-1), d_row.reshape(-1), (kk * unit).expand_as(s_row).reshape(-1)
+        # one piece per token: expand every chunk into its k tokens
+        chunk = torch.repeat_interleave(torch.arange(k.numel()), k)
+        within = torch.arange(chunk.numel(), dtype=torch.int64) - torch.repeat_interleave(
+            torch.cumsum(k, 0) - k, k)
+        s_tok = s_row[:, :, chunk] + (within * s.token_stride)[None, None, :]
+        d_tok = d_row[:, :, chunk] + (within * d.token_stride)[None, None, :]
+        s_tok, d_tok = torch.broadcast_tensors(s_tok, d_tok)
+        return s_tok.reshape(-1), d_tok.reshape(-1), torch.full((s_tok.numel(),), unit,
+                                                                dtype=torch.int64)
+
+
+def _check_pairs(block_pairs: torch.Tensor, arg: str, src_blocks: int,
+                 dst_blocks: int) -> torch.Tensor:
+    if not isinstance(block_pairs, torch.Tensor) or block_pairs.dtype not in (torch.int64,
+                                                                              torch.int32):
+        raise TypeError(f"{arg} must be an int64 (or int32) tensor [M, 2]")
+    if block_pairs.dim() != 2 or block_pairs.shape[1] != 2:
+        raise ValueError(f"{arg} must be [M, 2] (src, dst), got shape "
+                         f"{tuple(block_pairs.shape)}")
+    pairs = block_pairs.to("cpu", torch.int64)
+    for col, side, n in ((0, "src", src_blocks), (1, "dst", dst_blocks)):
+        v = pairs[:, col]
+        bad = (v < 0) | (v >= n)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise IndexError(f"{arg}[{i}, {col}] = {int(v[i])}: {side} block ids must be in "
+                             f"[0, num_blocks = {n})")
+    dst = pairs[:, 1]
+    values, counts = torch.unique(dst, return_counts=True)
+    if bool((counts > 1).any()):
+        b = int(values[counts > 1][0])
+        rows = torch.nonzero(dst == b).squeeze(1)[:2].tolist()
+        raise ValueError(f"{arg} rows {rows[0]} and {rows[1]} both copy into block {b}")
+    return pairs
+
+
+def _check_table(table: torch.Tensor, arg: str, start: int, num_tokens: int, block_size: int,
+                 num_blocks: int) -> torch.Tensor:
+    """The block table as int64 [M] on the CPU; the blocks the tokens use must be in range."""
+    if not isinstance(table, torch.Tensor) or table.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{arg} must be an int32 (or int64) tensor [M]")
+    if table.dim() != 1:
+        raise ValueError(f"{arg} must be 1-D [M] (one request), got shape {tuple(table.shape)}")
+    last = (start + num_tokens - 1) // block_size
+    if last >= table.numel():
+        raise IndexError(f"{arg} has {table.numel()} entries, but tokens up to "
+                         f"{start + num_tokens - 1} (block size {block_size}) need {last + 1}")
+    t = table.to("cpu", torch.int64)
+    used = t[start // block_size:last + 1]
+    bad = (used < 0) | (used >= num_blocks)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0]) + start // block_size
+        raise IndexError(f"{arg}[{i}] = {int(t[i])} is outside [0, num_blocks = {num_blocks})")
+    return t
