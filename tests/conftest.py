@@ -21,9 +21,10 @@ def simt():
     build = ROOT / "build" / "simt_host"
     build.mkdir(parents=True, exist_ok=True)
     return load(name="kvc_simt_host",
-                sources=[str(ROOT / "tests/simt/simt_ops.cpp"), str(ROOT / "csrc/op_args.cpp"),
-                         str(ROOT / "csrc/op_checks.cpp"), str(ROOT / "csrc/overlap.cpp"),
-                         str(ROOT / "csrc/v4_args.cpp")],
+                sources=[str(ROOT / "tests/simt/simt_ops.cpp")]
+                + [str(ROOT / "csrc/ops" / f) for f in ("tensor_args.cpp", "host_checks.cpp",
+                                                       "spans.cpp", "overlap.cpp", "write_args.cpp",
+                                                       "gather_args.cpp", "v4_args.cpp")],
                 extra_include_paths=[str(ROOT / "csrc"), str(ROOT / "tests/simt")],
                 extra_cflags=["-O1", "-std=c++20", "-ffp-contract=off", "-fno-trapping-math"],
                 build_directory=str(build), verbose=False)

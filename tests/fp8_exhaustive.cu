@@ -4,7 +4,7 @@
 // NaN -> 0x7F). Prints the number of mismatches; exit status 1 if any.
 #include <cstdio>
 
-#include "numerics.h"
+#include "core/numerics.h"
 
 int main() {
   unsigned long long bad = 0;

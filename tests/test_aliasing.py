@@ -86,7 +86,7 @@ def test_write_inputs_inside_the_cache_are_refused(device, op):
     elif op == "v4_quant_and_cache":
         view = gc.view("v4", 0)
         call = lambda: o4.v4_mla_quant_and_cache(carve(view, torch.bfloat16, T, 512), view, slots)  # noqa: E731
-        w, o = "view", "x"
+        w, o = "view", "kv"  # the caller's name (the generic op of old said "x")
     else:  # the MLA input inside the indexer view of the same call
         call = lambda: o4.v4_dsa_write(carve(gc.view("mx", 0), torch.bfloat16, T, 512), gc.view("v4", 0),  # noqa: E731
                                        k, gc.view("mx", 0), slots)

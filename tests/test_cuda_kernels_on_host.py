@@ -280,9 +280,9 @@ def test_v4_writes_give_the_cpu_bytes(simt, layout, dtype):
     x = v4_inputs(t, dtype)
     cuda_gc, cpu_gc = guarded(plan, seed=23), guarded(plan, seed=23)
     for gc, s, ops in ((cuda_gc, slots, simt), (cpu_gc, oracle, torch.ops.kvcache_ext)):
-        ops.v4_quant_and_cache(x[:, :512], gc.view("c4_kv", 1), s, "fp8_ds_mla_v4", "amax")
-        ops.v4_quant_and_cache(x[:, 9:521], gc.view("swa0_kv", 2), s.flip(0), "fp8_ds_mla_v4", "scale")
-        ops.v4_quant_and_cache(x[:, 7:135], gc.view("c4_indexer", 0), s, "mxfp4", "amax")
+        ops.v4_mla_quant_and_cache(x[:, :512], gc.view("c4_kv", 1), s, "amax")
+        ops.v4_mla_quant_and_cache(x[:, 9:521], gc.view("swa0_kv", 2), s.flip(0), "scale")
+        ops.mxfp4_quant_and_cache(x[:, 7:135], gc.view("c4_indexer", 0), s)
         ops.v4_dsa_write(x[:, 1:513], gc.view("c4_kv", 3), x[:, 400:528], gc.view("c4_indexer", 1),
                          s, "amax")
     assert (cpu_gc.whole != guarded(plan, seed=23).whole).sum() > t * 584
@@ -294,7 +294,7 @@ def test_v4_writes_give_the_cpu_bytes(simt, layout, dtype):
                           generator=torch.Generator().manual_seed(26)) for _ in range(2)]
     for buf, s, ops in ((bufs[0], slots, simt), (bufs[1], oracle, torch.ops.kvcache_ext)):
         cache = kvc.KVCache(plan, buf[3:3 + plan.total_bytes])
-        ops.v4_quant_and_cache(x[:, :512], cache.view("c4_kv", 1), s, "fp8_ds_mla_v4", "amax")
+        ops.v4_mla_quant_and_cache(x[:, :512], cache.view("c4_kv", 1), s, "amax")
         ops.v4_dsa_write(x[:, 1:513], cache.view("c4_kv", 3), x[:, 400:528], cache.view("c4_indexer", 1),
                          s, "amax")
     assert torch.equal(bufs[0], bufs[1])

@@ -50,10 +50,15 @@ def cases(device: str):
     return {
         "v4_dsa_write_fp8": (OPS.v4_dsa_write, (x[:4, :512], v4_fp8.view("c4_kv", 0), k[:4],
                                                 v4_fp8.view("c4_indexer", 0), v4_slots, "amax", "fp8")),
-        "v4_quant_and_cache": (OPS.v4_quant_and_cache, (x[:4, :512], c4, v4_slots, "fp8_ds_mla_v4",
-                                                        "scale")),
+        "v4_mla_quant_and_cache": (OPS.v4_mla_quant_and_cache, (x[:4, :512], c4, v4_slots, "scale")),
         "v4_dsa_write": (OPS.v4_dsa_write, (x[:4, :512], c4, k[:4], mx, v4_slots, "amax")),
-        "v4_quant_and_cache_mxfp4": (OPS.v4_quant_and_cache, (k[:4], mx, v4_slots, "mxfp4", "amax")),
+        "mxfp4_quant_and_cache": (OPS.mxfp4_quant_and_cache, (k[:4], mx, v4_slots)),
+        "v4_indexer_quant_and_cache": (OPS.v4_indexer_quant_and_cache, (
+            k[:4].float(), v4_fp8.view("c4_indexer", 1), v4_slots)),
+        "state_write": (OPS.state_write, (torch.randn(4, 1024, device=device),
+                                          torch.randn(4, 1024, device=device),
+                                          v4.view("c4_state", 0),
+                                          torch.tensor([0, 5, -1, 11], device=device))),
         "gather_v4": (OPS.gather_v4, (c4, v4_bt, torch.tensor([0, 17, 20], dtype=torch.int32,
                                                                device=device),
                                       None, "fp8_ds_mla_v4", bf[:20, :512], True)),
@@ -91,6 +96,8 @@ def cases(device: str):
         "gather_indexer_slots": (OPS.gather_indexer_slots, (idx, slots, "split", u8(20, 128),
                                                             torch.empty(20, device=device), True)),
         "copy_spans": (OPS.copy_spans, (cache.buffer, other.buffer, spans)),
+        "check_spans": (OPS.check_spans, (spans, cache.buffer.numel(), other.buffer.numel(), False)),
+        "check_slot_mapping": (OPS.check_slot_mapping, (slots, mla)),
     }
 
 
@@ -129,7 +136,7 @@ def test_ops_bump_the_version_of_what_they_write():
     names = [n for n in dir(torch.ops.kvcache_ext) if isinstance(
         getattr(torch.ops.kvcache_ext, n), torch._ops.OpOverloadPacket)]
     assert len(names) >= 17
-    for name in names:  # every op (csrc/autograd_keys.cpp lists them, with its Autograd fallthrough)
+    for name in names:  # every op (csrc/ops/op_list.h lists them; dispatch_keys.cpp registers the kernel)
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"kvcache_ext::{name}", "ADInplaceOrView"), name
     plan = kvc.plan_cache([kvc.CacheSpec("k", 128, 1, 2)], 4, 16)
     cache = kvc.allocate(plan, fill=0)

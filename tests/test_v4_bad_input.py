@@ -33,9 +33,7 @@ def test_bad_input_is_refused_before_writing():
         (ValueError, r'scale_floor must be "amax" or "scale"', lambda: o4.v4_mla_quant_and_cache(
             kv, c4, ok, "none")),
         (ValueError, r'format must be "fp8_ds_mla_v4" or "mxfp4"', lambda: torch.ops.kvcache_ext.
-         v4_quant_and_cache(kv, c4, ok, "fp4", "amax")),
-        (ValueError, r'scale_floor="scale" applies to fp8_ds_mla_v4', lambda: torch.ops.kvcache_ext.
-         v4_quant_and_cache(kv[:, :128], mx, ok, "mxfp4", "scale")),
+         gather_v4_slots(c4, ok, "fp4", torch.empty(4, 512, dtype=torch.bfloat16), True)),
         (IndexError, r"slot_mapping\[2\] = 256 is outside", lambda: o4.mxfp4_quant_and_cache(
             kv[:, :128], mx, torch.tensor([0, 1, 256, 3]))),
         (ValueError, r"both slot 1", lambda: o4.v4_mla_quant_and_cache(kv, c4, torch.tensor([1, 0, 1, 2]))),
@@ -115,8 +113,6 @@ def test_v4_dsa_write_with_fp8_indexer_checks_both_rows_before_writing():
             kv, c4, k[:2], idx, slots, indexer="fp8")),
         (TypeError, r"k_idx must be bfloat16, float16 or float32, got torch\.int64", lambda: o4.v4_dsa_write(
             kv, c4, k.to(torch.int64), idx, slots, indexer="fp8")),
-        (TypeError, r"k_idx must be bfloat16 for the V4 fp8 indexer", lambda: torch.ops.kvcache_ext.
-         v4_dsa_write(kv, c4, k.half(), idx, slots, "amax", "fp8")),
         (ValueError, r"indexer_view rows must be 132 bytes", lambda: o4.v4_dsa_write(
             kv, c4, k, gc.view("c128_kv", 0), slots, indexer="fp8")),
         (ValueError, r"must share one block table", lambda: o4.v4_dsa_write(

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "kernels.h"
+#include "core/params.h"
 
 using namespace kvc;
 

@@ -2,7 +2,7 @@
 // the last request's tokens are left as they are.
 #include <cstring>
 
-#include "../kernels.h"
+#include "../core/entry.h"
 #include "float_env.h"
 #include "gather_rows.h"
 #include "rows.h"

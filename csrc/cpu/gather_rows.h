@@ -4,7 +4,7 @@
 #pragma once
 #include <cstring>
 
-#include "../paged_view.h"
+#include "../core/paged_view.h"
 #include "float_env.h"
 #include "prefetch.h"
 

@@ -1,6 +1,7 @@
 #include "rows.h"
 
-#include "../v4_rows.h"
+#include "../core/entry.h"  // isa()
+#include "../core/v4_rows.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -8,7 +8,7 @@
 #pragma once
 #include <cstdint>
 
-#include "../numerics.h"
+#include "../core/numerics.h"
 
 namespace kvc::cpu {
 
@@ -106,8 +106,5 @@ inline bool decodes_fast(float scale) {
   const uint32_t a = float_bits(scale) & 0x7FFFFFFFu;
   return a >= 0x0D800000u && a <= 0x71800000u;  // 2^-100, 2^100
 }
-
-// The implementation the public functions use: "scalar", "avx2", "avx512" or "avx512+bf16".
-const char* isa();
 
 }  // namespace kvc::cpu

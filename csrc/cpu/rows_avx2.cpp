@@ -7,7 +7,7 @@
 // only when supported() says the CPU has both.
 #include "rows.h"
 
-#include "../v4_rows.h"
+#include "../core/v4_rows.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

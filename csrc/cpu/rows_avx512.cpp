@@ -14,7 +14,7 @@
 // is the input's with the exponent field shifted.
 #include "rows.h"
 
-#include "../v4_rows.h"
+#include "../core/v4_rows.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include "avx512.h"

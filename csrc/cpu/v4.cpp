@@ -4,7 +4,7 @@
 #include <cstring>
 #include <memory>
 
-#include "../v4_kernels.h"
+#include "../core/entry.h"
 #include "float_env.h"
 #include "gather_rows.h"
 #include "rows.h"

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "../kernels.h"
+#include "../core/entry.h"
 #include "float_env.h"
 #include "prefetch.h"
 #include "rows.h"

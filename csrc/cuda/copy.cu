@@ -1,4 +1,5 @@
 // Entry point of the one-launch span copy (kernel in copy_kernels.cuh).
+#include "../core/entry.h"
 #include "copy_kernels.cuh"
 #include "launch.cuh"
 

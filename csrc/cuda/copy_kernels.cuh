@@ -5,7 +5,7 @@
 //
 // Device code only, and its dispatch; copy.cu launches it, tests/simt/ runs it on the host.
 #pragma once
-#include "../kernels.h"
+#include "../core/params.h"
 #include "device_util.cuh"
 
 namespace kvc::cuda {

@@ -4,8 +4,8 @@
 #pragma once
 #include <cstdint>
 
-#include "../kernels.h"  // MlaGatherMode
-#include "../numerics.h"
+#include "../core/params.h"  // MlaGatherMode
+#include "../core/numerics.h"
 
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>

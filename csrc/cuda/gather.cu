@@ -1,4 +1,5 @@
 // Entry points of the CUDA gathers (kernels in gather_kernels.cuh).
+#include "../core/entry.h"
 #include "gather_kernels.cuh"
 #include "launch.cuh"
 

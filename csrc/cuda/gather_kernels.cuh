@@ -4,7 +4,7 @@
 //
 // Device code only, and the choice of kernel for a call (dispatch_*); see write_kernels.cuh.
 #pragma once
-#include "../kernels.h"
+#include "../core/params.h"
 #include "device_util.cuh"
 
 namespace kvc::cuda {

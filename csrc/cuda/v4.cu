@@ -1,4 +1,5 @@
 // Entry points of DeepSeek-V4's row kernels (v4_kernels.cuh).
+#include "../core/entry.h"
 #include "launch.cuh"
 #include "v4_kernels.cuh"
 

@@ -6,7 +6,7 @@
 // No host synchronisation; tokens whose slot is outside the view are skipped on writes and
 // read as zero rows. Device code and dispatch_* only (see write_kernels.cuh).
 #pragma once
-#include "../v4_kernels.h"
+#include "../core/v4_params.h"
 #include "device_util.cuh"
 
 namespace kvc::cuda {

@@ -1,4 +1,5 @@
 // Entry points of the CUDA writes (kernels in write_kernels.cuh).
+#include "../core/entry.h"
 #include "launch.cuh"
 #include "write_kernels.cuh"
 

@@ -6,7 +6,7 @@
 // a parameter: write.cu launches on a CUDA stream, tests/simt/ runs the same kernels on the
 // host, lane by lane, so that CI without a GPU executes them.
 #pragma once
-#include "../kernels.h"
+#include "../core/params.h"
 #include "device_util.cuh"
 
 namespace kvc::cuda {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from . import devices
+
 Scale = torch.Tensor | float | None
 
 
@@ -48,9 +50,11 @@ def flat_rows(t: torch.Tensor, arg: str, trailing: int) -> torch.Tensor:
                          "must step as one") from None
 
 
-def gather_rows(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
+def gather_rows(op: str, view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,
                 num_tokens: int | None) -> int:
-    """Rows of a gather's output, checked before anything is allocated for them."""
+    """Rows of op's output (a gather by block table), checked before anything is allocated for
+    them: cu_seq_lens is read on the host, after op's device rules."""
+    devices.check(op, {"view": view, "block_table": block_table, "cu_seq_lens": cu_seq_lens})
     if num_tokens is not None:
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
             raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")

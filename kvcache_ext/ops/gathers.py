@@ -44,7 +44,7 @@ def gather_mla(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch
     past cu_seq_lens[-1] are left as they are."""
     check_out_kind(out, raw and kv_cache_dtype != "auto", dtype)  # "auto" rows are their values
     if out is None:
-        rows = gather_rows(view, block_table, cu_seq_lens, num_tokens)
+        rows = gather_rows("gather_mla", view, block_table, cu_seq_lens, num_tokens)
         out = _mla_out(view, (rows,), kv_cache_dtype, raw, dtype)
     _ops.gather_mla(view, block_table, cu_seq_lens, seq_starts, kv_cache_dtype, out,
                     validate_default(validate, view), as_scale(scale))
@@ -86,7 +86,8 @@ def gather_kv(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.
     scale = as_scale(scale)
     check_out_kind(out, False, dtype)
     if out is None:
-        out = _kv_out(view, (gather_rows(view, block_table, cu_seq_lens, num_tokens),), dtype, scale)
+        out = _kv_out(view, (gather_rows("gather_kv", view, block_table, cu_seq_lens, num_tokens),),
+                      dtype, scale)
     _ops.gather_kv(view, block_table, cu_seq_lens, seq_starts, out,
                    validate_default(validate, view), scale)
     return out
@@ -128,7 +129,8 @@ def gather_indexer(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: t
     """-> (codes uint8 [T, 128], scales fp32 [T]); dequant=torch.float32/bfloat16 returns the
     decoded [T, 128] values instead."""
     if out is None:
-        out = _indexer_outputs(view, (gather_rows(view, block_table, cu_seq_lens, num_tokens),), None)
+        rows = gather_rows("gather_indexer", view, block_table, cu_seq_lens, num_tokens)
+        out = _indexer_outputs(view, (rows,), None)
     codes, scales = out
     _ops.gather_indexer(view, block_table, cu_seq_lens, seq_starts, placement, codes, scales,
                         validate_default(validate, view))

@@ -30,29 +30,20 @@ def v4_mla_quant_and_cache(kv: torch.Tensor, view: torch.Tensor, slot_mapping: t
     """kv [T, 512] (448 NoPE + 64 RoPE; bf16, fp16 or fp32) -> 584-B rows at slot_mapping.
     scale_floor="scale" floors the tile scale at 1e-4 (vLLM's CuTe DSL compressor) instead of
     the amax (canonical)."""
-    _ops.v4_quant_and_cache(kv, view, slot_mapping, "fp8_ds_mla_v4", scale_floor)
+    _ops.v4_mla_quant_and_cache(kv, view, slot_mapping, scale_floor)
 
 
 def mxfp4_quant_and_cache(k: torch.Tensor, view: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """k [T, 128] -> 68-B MXFP4 indexer rows at slot_mapping."""
-    _ops.v4_quant_and_cache(k, view, slot_mapping, "mxfp4", "amax")
-
-
-def _as_bf16(k: torch.Tensor, arg: str) -> torch.Tensor:
-    """k rounded to bf16 (V4's indexer rows are of bf16 values): bf16 as it is, fp16 / fp32
-    converted; any other dtype is refused, not converted."""
-    if not isinstance(k, torch.Tensor):
-        raise TypeError(f"{arg} must be a tensor, got {type(k).__name__}")
-    if k.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        raise TypeError(f"{arg} must be bfloat16, float16 or float32, got {k.dtype}")
-    return k if k.dtype == torch.bfloat16 else k.to(torch.bfloat16)
+    _ops.mxfp4_quant_and_cache(k, view, slot_mapping)
 
 
 def v4_indexer_quant_and_cache(k: torch.Tensor, view: torch.Tensor,
                                slot_mapping: torch.Tensor) -> None:
     """V4's fp8 indexer row: V3.2's 132-B row with scale_fmt="ue8m0", placement="split", of k
-    rounded to bf16 first (SPEC 10; a bf16 k is used as it is, others are copied)."""
-    _ops.indexer_k_quant_and_cache(_as_bf16(k, "k"), view, slot_mapping, "ue8m0", "split")
+    (bf16, fp16 or fp32) rounded to bf16 first (SPEC 10); the op checks k, overlap included,
+    before it makes the rounded copy."""
+    _ops.v4_indexer_quant_and_cache(k, view, slot_mapping)
 
 
 def v4_dsa_write(kv: torch.Tensor, mla_view: torch.Tensor, k_idx: torch.Tensor,
@@ -63,10 +54,6 @@ def v4_dsa_write(kv: torch.Tensor, mla_view: torch.Tensor, k_idx: torch.Tensor,
     k_idx [T, 128] -> indexer rows, "mxfp4" (68 B, both rows in one launch) or "fp8" (V3.2's
     132-B row with scale_fmt="ue8m0", placement="split", of k_idx rounded to bf16: two
     launches). Every argument of both rows is checked before either is written."""
-    if indexer not in ("mxfp4", "fp8"):
-        raise ValueError(f'indexer must be "mxfp4" or "fp8", got {indexer!r}')
-    if indexer == "fp8":
-        k_idx = _as_bf16(k_idx, "k_idx")
     _ops.v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping, scale_floor, indexer)
 
 
@@ -88,7 +75,7 @@ def gather_v4(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.
     [total, 512 | 128] bf16 (float32 with dtype=), or raw rows (data then footer) with raw=True."""
     check_out_kind(out, raw, dtype)
     if out is None:
-        rows = gather_rows(view, block_table, cu_seq_lens, num_tokens)
+        rows = gather_rows("gather_v4", view, block_table, cu_seq_lens, num_tokens)
         out = _v4_out(view, (rows,), fmt, raw, dtype)
     _ops.gather_v4(view, block_table, cu_seq_lens, seq_starts, fmt, out,
                    validate_default(validate, view))
@@ -162,35 +149,11 @@ def gather_compressed_and_swa(c_view: torch.Tensor, c_block_table: torch.Tensor,
     return out, cu_out
 
 
-def _state_views(view: torch.Tensor, kv_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if view.dim() != 4 or not 0 < kv_bytes < view.shape[-1]:
-        raise ValueError(f"a state view [num_blocks, H, block_size, C] with C > {kv_bytes} bytes "
-                         f"of kv is needed, got shape {tuple(view.shape)}")
-    return view[..., :kv_bytes], view[..., kv_bytes:]
-
-
 def state_write(kv: torch.Tensor, score: torch.Tensor, view: torch.Tensor,
                 slot_mapping: torch.Tensor) -> None:
     """Compressor-state rows [kv | score] (kv [T, W], score [T, W2], both float32 or both
-    bfloat16) copied as they are to slot_mapping: one launch (reshape_and_cache_kv on the two
-    byte ranges of each row)."""
-    if kv.dtype != score.dtype or kv.dtype not in (torch.float32, torch.bfloat16):
-        raise TypeError(f"kv and score must both be float32 or bfloat16, got {kv.dtype} and "
-                        f"{score.dtype}")
-    if kv.dim() != 2 or score.dim() != 2:
-        raise ValueError(f"kv and score must be [T, W], got {tuple(kv.shape)} and "
-                         f"{tuple(score.shape)}")
-    n = slot_mapping.numel() if isinstance(slot_mapping, torch.Tensor) else 0
-    if kv.shape[0] < n or score.shape[0] < n:
-        raise ValueError(f"kv and score must hold at least slot_mapping.numel() = {n} rows, got "
-                         f"{tuple(kv.shape)} and {tuple(score.shape)}")
-    kv_bytes = kv.shape[1] * kv.element_size()
-    if view.dim() == 4 and view.shape[-1] != kv_bytes + score.shape[1] * score.element_size():
-        raise ValueError(f"view rows of {view.shape[-1]} bytes do not hold kv {tuple(kv.shape)} + "
-                         f"score {tuple(score.shape)} of {kv.dtype}")
-    k_view, s_view = _state_views(view, kv_bytes)
-    _ops.reshape_and_cache_kv(kv.unsqueeze(1), score.unsqueeze(1), k_view, s_view, slot_mapping,
-                              "auto", None, None)
+    bfloat16) copied as they are to slot_mapping: one launch."""
+    _ops.state_write(kv, score, view, slot_mapping)
 
 
 def state_read(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,

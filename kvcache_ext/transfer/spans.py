@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..ops.library import ops as _ops
+
 
 def as_spans(spans: torch.Tensor, arg: str = "spans") -> torch.Tensor:
     """spans as the op takes them: a contiguous int64 CPU tensor [S, 3]."""
@@ -17,43 +19,11 @@ def as_spans(spans: torch.Tensor, arg: str = "spans") -> torch.Tensor:
 
 def check_spans(spans: torch.Tensor, src_bytes: int, dst_bytes: int,
                 same_buffer: bool = False, arg: str = "spans") -> None:
-    """What the op checks, in Python (for NIXL transfers, which bypass the op): every span
-    inside both buffers with a length >= 0 (empty spans are ignored, as the copy op does), no two
-    destinations overlapping, and, within one buffer, no destination over a source. IndexError /
-    ValueError name the span."""
-    if spans.shape[0] == 0:
-        return
-    src, dst, n = spans[:, 0], spans[:, 1], spans[:, 2]
-    # ends compared as start > size - length (lengths are >= 0 by then): start + length could
-    # wrap past 2^63 and pass
-    for what, bad in (("length must be >= 0", n < 0),
-                      (f"source range must lie in [0, {src_bytes})", (src < 0) | (src > src_bytes - n)),
-                      (f"destination range must lie in [0, {dst_bytes})",
-                       (dst < 0) | (dst > dst_bytes - n))):
-        if bool(bad.any()):
-            i = int(torch.nonzero(bad)[0])
-            err = ValueError if what.startswith("length") else IndexError
-            raise err(f"{arg}[{i}] = {spans[i].tolist()}: {what}")
-    index = torch.nonzero(n > 0).squeeze(1)  # empty spans overlap nothing
-    src, dst, n = src[index], dst[index], n[index]
-    order = torch.argsort(dst)
-    d, e = dst[order], (dst + n)[order]
-    clash = d[1:] < e[:-1]
-    if bool(clash.any()):
-        j = int(torch.nonzero(clash)[0])
-        a, b = sorted((int(index[order[j]]), int(index[order[j + 1]])))
-        raise ValueError(f"{arg}[{a}] and {arg}[{b}] write overlapping destination bytes")
-    if same_buffer:  # a destination range that intersects any source range
-        s_order = torch.argsort(src)
-        s, s_end = src[s_order], (src + n)[s_order]
-        prefix_end = torch.cummax(s_end, 0).values
-        # for each destination [d, e): the last source starting before e must end <= d
-        k = torch.searchsorted(s, dst + n, side="left") - 1
-        hit = (k >= 0) & (prefix_end[k.clamp(min=0)] > dst)
-        if bool(hit.any()):
-            i = int(index[torch.nonzero(hit)[0]])
-            raise ValueError(f"{arg}[{i}] writes bytes that a span of the same call reads "
-                             f"(one buffer: destinations must not overlap sources)")
+    """The rules copy_spans checks every call with (csrc/ops/spans.h, one implementation), for
+    transfers that bypass the op (NIXL): every span inside both buffers with a length >= 0
+    (empty spans are ignored, as the copy op does), no two destinations overlapping, and, within
+    one buffer, no destination over a source. IndexError / ValueError name the span."""
+    _ops.check_spans(as_spans(spans, arg), src_bytes, dst_bytes, same_buffer, arg)
 
 
 def merge_spans(src: torch.Tensor, dst: torch.Tensor, length: torch.Tensor) -> torch.Tensor:

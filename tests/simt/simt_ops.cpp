@@ -1,14 +1,17 @@
-// The CUDA kernels, run on CPU tensors through tests/simt/simt_host.h: each function builds the
-// kernel parameters exactly as the op does (op_args.cpp) and calls the same dispatch_* as
-// csrc/cuda/*.cu, with a host launch instead of a stream launch. Like the CUDA ops, nothing
-// here checks slot or block-table values first: the kernels must skip or zero what is invalid.
+// The CUDA kernels, run on CPU tensors through tests/simt/simt_host.h: each function parses its
+// arguments with the op's own parse (csrc/ops/*_args.h) and calls the same dispatch_* as
+// csrc/cuda/*.cu, with a host launch instead of a stream launch. Like the CUDA ops, nothing here
+// checks slot or block-table values (on_host = false, validate = false): the kernels must skip
+// or zero what is invalid.
 #include <torch/extension.h>
 
 #include <optional>
 #include <string>
 
-#include "op_args.h"
-#include "v4_args.h"
+#include "ops/gather_args.h"
+#include "ops/spans.h"
+#include "ops/v4_args.h"
+#include "ops/write_args.h"
 #include "simt_host.h"
 // after simt_host.h:
 #include "cuda/copy_kernels.cuh"
@@ -22,37 +25,44 @@ using at::Tensor;
 using kvc::simt::HostLaunch;
 using Launch = HostLaunch<kvc::cuda::kWarpsPerBlock * kvc::cuda::kWarp>;
 using OptS = std::optional<std::string>;
+using OptT = std::optional<Tensor>;
 
 kvc::OptStr osv(const OptS& s) { return s ? kvc::OptStr(*s) : std::nullopt; }
+constexpr bool kCuda = false;  // on_host / validate: the CUDA ops' semantics
 
 void reshape_and_cache(const Tensor& key, const Tensor& view, const Tensor& slot_mapping,
-                       const std::string& kv_cache_dtype, const std::optional<Tensor>& scale) {
-  const auto p = kvc::plain_write_args(key, view, slot_mapping, kv_cache_dtype, scale);
+                       const std::string& kv_cache_dtype, const OptT& scale) {
+  const auto p = kvc::parse_reshape_and_cache(key, view, slot_mapping, kv_cache_dtype, scale, kCuda);
   if (p.num_tokens) kvc::cuda::dispatch_plain_write(p, Launch{});
 }
 
 void reshape_and_cache_kv(const Tensor& key, const Tensor& value, const Tensor& k_view,
                           const Tensor& v_view, const Tensor& slot_mapping,
-                          const std::string& kv_cache_dtype, const std::optional<Tensor>& k_scale,
-                          const std::optional<Tensor>& v_scale) {
-  const auto k = kvc::plain_write_args(key, k_view, slot_mapping, kv_cache_dtype, k_scale, "key",
-                                       "k_view", "k_scale");
-  const auto v = kvc::plain_write_args(value, v_view, slot_mapping, kv_cache_dtype, v_scale,
-                                       "value", "v_view", "v_scale");
-  if (k.num_tokens) kvc::cuda::dispatch_kv_write(k, v, Launch{});
+                          const std::string& kv_cache_dtype, const OptT& k_scale,
+                          const OptT& v_scale) {
+  const auto a = kvc::parse_reshape_and_cache_kv(key, value, k_view, v_view, slot_mapping,
+                                                 kv_cache_dtype, k_scale, v_scale, kCuda);
+  if (a.k.num_tokens) kvc::cuda::dispatch_kv_write(a.k, a.v, Launch{});
+}
+
+void state_write(const Tensor& kv, const Tensor& score, const Tensor& view,
+                 const Tensor& slot_mapping) {
+  const auto a = kvc::parse_state_write(kv, score, view, slot_mapping, kCuda);
+  if (a.k.num_tokens) kvc::cuda::dispatch_kv_write(a.k, a.v, Launch{});
 }
 
 void concat_and_cache_mla(const Tensor& kv_c, const Tensor& k_pe, const Tensor& view,
                           const Tensor& slot_mapping, const std::string& kv_cache_dtype,
-                          const std::optional<Tensor>& scale, const OptS& tile_scale) {
-  const auto p = kvc::mla_write_args(kv_c, k_pe, view, slot_mapping, kv_cache_dtype, scale,
-                                     osv(tile_scale));
+                          const OptT& scale, const OptS& tile_scale) {
+  const auto p = kvc::parse_concat_and_cache_mla(kv_c, k_pe, view, slot_mapping, kv_cache_dtype,
+                                                 scale, osv(tile_scale), kCuda);
   if (p.num_tokens) kvc::cuda::dispatch_mla_write(p, Launch{});
 }
 
 void indexer_k_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping,
                                const OptS& scale_fmt, const std::string& placement) {
-  const auto p = kvc::indexer_write_args(k, view, slot_mapping, osv(scale_fmt), placement);
+  const auto p = kvc::parse_indexer_k_quant_and_cache(k, view, slot_mapping, osv(scale_fmt),
+                                                      placement, kCuda);
   if (p.num_tokens) kvc::cuda::dispatch_indexer_write(p, Launch{});
 }
 
@@ -60,81 +70,84 @@ void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, c
                const Tensor& indexer_view, const Tensor& slot_mapping,
                const std::string& kv_cache_dtype, const OptS& scale_fmt,
                const std::string& placement, const OptS& tile_scale) {
-  const auto mla = kvc::mla_write_args(kv_c, k_pe, mla_view, slot_mapping, kv_cache_dtype,
-                                       std::nullopt, osv(tile_scale));
-  const auto idx = kvc::indexer_write_args(k_idx, indexer_view, slot_mapping, osv(scale_fmt),
-                                           placement);
-  if (mla.num_tokens) kvc::cuda::dispatch_dsa_write(mla, idx, Launch{});
+  const auto a = kvc::parse_dsa_write(kv_c, k_pe, mla_view, k_idx, indexer_view, slot_mapping,
+                                      kv_cache_dtype, osv(scale_fmt), placement, osv(tile_scale),
+                                      kCuda);
+  if (a.mla.num_tokens) kvc::cuda::dispatch_dsa_write(a.mla, a.idx, Launch{});
 }
 
-kvc::GatherSource source(const std::optional<Tensor>& block_table,
-                         const std::optional<Tensor>& cu_seq_lens,
-                         const std::optional<Tensor>& seq_starts, const std::optional<Tensor>& slots) {
+kvc::GatherSource source(const OptT& block_table, const OptT& cu_seq_lens, const OptT& seq_starts,
+                         const OptT& slots) {
   return {block_table, cu_seq_lens, seq_starts, slots};
 }
 
-void gather_mla(const Tensor& view, const std::optional<Tensor>& block_table,
-                const std::optional<Tensor>& cu_seq_lens, const std::optional<Tensor>& seq_starts,
-                const std::optional<Tensor>& slots, const std::string& kv_cache_dtype,
-                const Tensor& out, const std::optional<Tensor>& scale) {
-  const auto p = kvc::mla_gather_args(view, source(block_table, cu_seq_lens, seq_starts, slots),
-                                      kv_cache_dtype, out, scale);
+void gather_mla(const Tensor& view, const OptT& block_table, const OptT& cu_seq_lens,
+                const OptT& seq_starts, const OptT& slots, const std::string& kv_cache_dtype,
+                const Tensor& out, const OptT& scale) {
+  const auto p = kvc::parse_gather_mla(view, source(block_table, cu_seq_lens, seq_starts, slots),
+                                       kv_cache_dtype, out, kCuda, scale);
   if (p.num_tokens) kvc::cuda::dispatch_mla_gather(p, Launch{});
 }
 
-void gather_kv(const Tensor& view, const std::optional<Tensor>& block_table,
-               const std::optional<Tensor>& cu_seq_lens, const std::optional<Tensor>& seq_starts,
-               const Tensor& out, const std::optional<Tensor>& scale,
-               const std::optional<Tensor>& slots) {
-  const auto p = kvc::kv_gather_args(view, source(block_table, cu_seq_lens, seq_starts, slots), out,
-                                     scale);
+void gather_kv(const Tensor& view, const OptT& block_table, const OptT& cu_seq_lens,
+               const OptT& seq_starts, const Tensor& out, const OptT& scale, const OptT& slots) {
+  const auto p = kvc::parse_gather_kv(view, source(block_table, cu_seq_lens, seq_starts, slots),
+                                      out, kCuda, scale);
   if (p.num_tokens) kvc::cuda::dispatch_kv_gather(p, Launch{});
 }
 
-void gather_indexer(const Tensor& view, const std::optional<Tensor>& block_table,
-                    const std::optional<Tensor>& cu_seq_lens, const std::optional<Tensor>& seq_starts,
-                    const std::optional<Tensor>& slots, const std::string& placement,
+void gather_indexer(const Tensor& view, const OptT& block_table, const OptT& cu_seq_lens,
+                    const OptT& seq_starts, const OptT& slots, const std::string& placement,
                     const Tensor& codes, const Tensor& scales) {
-  const auto p = kvc::indexer_gather_args(view, source(block_table, cu_seq_lens, seq_starts, slots),
-                                          placement, codes, scales);
+  const auto p = kvc::parse_gather_indexer(view, source(block_table, cu_seq_lens, seq_starts, slots),
+                                           placement, codes, scales, kCuda);
   if (p.num_tokens) kvc::cuda::dispatch_indexer_gather(p, Launch{});
 }
 
-void v4_quant_and_cache(const Tensor& x, const Tensor& view, const Tensor& slot_mapping,
-                        const std::string& format, const std::string& scale_floor) {
-  const auto p = kvc::v4_write_args(x, view, slot_mapping, kvc::parse_v4_format(format), scale_floor);
+void v4_mla_quant_and_cache(const Tensor& kv, const Tensor& view, const Tensor& slot_mapping,
+                            const std::string& scale_floor) {
+  const auto p = kvc::parse_v4_mla_quant_and_cache(kv, view, slot_mapping, scale_floor, kCuda);
   if (p.num_tokens) kvc::cuda::dispatch_v4_write(p, Launch{});
+}
+
+void mxfp4_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping) {
+  const auto p = kvc::parse_mxfp4_quant_and_cache(k, view, slot_mapping, kCuda);
+  if (p.num_tokens) kvc::cuda::dispatch_v4_write(p, Launch{});
+}
+
+void v4_indexer_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping) {
+  const auto w = kvc::parse_v4_indexer_quant_and_cache(k, view, slot_mapping, kCuda);
+  if (w.p.num_tokens) kvc::cuda::dispatch_indexer_write(w.p, Launch{});
 }
 
 void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
                   const Tensor& indexer_view, const Tensor& slot_mapping,
                   const std::string& scale_floor, const std::string& indexer) {
-  if (indexer == "fp8") {  // the op's CUDA branch: one set of checks, then both kernels
-    const auto a = kvc::v4_fp8_pair_write_args(kv, mla_view, k_idx, indexer_view, slot_mapping,
-                                               scale_floor);
-    if (a.mla.num_tokens) {
-      kvc::cuda::dispatch_v4_write(a.mla, Launch{});
-      kvc::cuda::dispatch_indexer_write(a.idx, Launch{});
-    }
+  const auto a = kvc::parse_v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping,
+                                         scale_floor, indexer, kCuda);
+  if (!a.mla.num_tokens) return;
+  if (a.fp8_indexer) {  // the op's CUDA branch: one parse, then both kernels
+    kvc::cuda::dispatch_v4_write(a.mla, Launch{});
+    kvc::cuda::dispatch_indexer_write(a.fp8.p, Launch{});
     return;
   }
-  const auto a = kvc::v4_pair_write_args(kv, mla_view, k_idx, indexer_view, slot_mapping, scale_floor);
-  if (a.mla.num_tokens) kvc::cuda::dispatch_v4_pair_write(a.mla, a.idx, Launch{});
+  kvc::cuda::dispatch_v4_pair_write(a.mla, a.mxfp4, Launch{});
 }
 
-void gather_v4(const Tensor& view, const std::optional<Tensor>& block_table,
-               const std::optional<Tensor>& cu_seq_lens, const std::optional<Tensor>& seq_starts,
-               const std::optional<Tensor>& slots, const std::string& format, const Tensor& out) {
-  const auto p = kvc::v4_gather_args(view, source(block_table, cu_seq_lens, seq_starts, slots),
-                                     kvc::parse_v4_format(format), out);
+void gather_v4(const Tensor& view, const OptT& block_table, const OptT& cu_seq_lens,
+               const OptT& seq_starts, const OptT& slots, const std::string& format,
+               const Tensor& out) {
+  const auto p = kvc::parse_gather_v4(view, source(block_table, cu_seq_lens, seq_starts, slots),
+                                      format, out, kCuda);
   if (p.num_tokens) kvc::cuda::dispatch_v4_gather(p, Launch{});
 }
 
 void gather_v4_window(const Tensor& c_view, const Tensor& c_block_table, const Tensor& swa_view,
                       const Tensor& swa_block_table, const Tensor& seq_lens, const Tensor& cu_out,
                       int64_t ratio, int64_t window, const Tensor& out) {
-  const auto p = kvc::v4_window_gather_args(
-      c_view, swa_view, {c_block_table, swa_block_table, seq_lens, cu_out}, ratio, window, out);
+  const auto p = kvc::parse_gather_v4_window(
+      c_view, swa_view, {c_block_table, swa_block_table, seq_lens, cu_out}, ratio, window, out,
+      kCuda);
   if (p.num_tokens) kvc::cuda::dispatch_v4_window_gather(p, Launch{});
 }
 
@@ -142,8 +155,8 @@ void gather_v4_window(const Tensor& c_view, const Tensor& c_block_table, const T
 void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans, int64_t chunk) {
   const int64_t n = spans.size(0);
   const int64_t* s = spans.data_ptr<int64_t>();
-  kvc::check_spans(src.data_ptr<uint8_t>(), src.numel(), dst.data_ptr<uint8_t>(), dst.numel(), s, n,
-                   true);
+  kvc::check_spans(s, n, src.numel(), dst.numel(),
+                   reinterpret_cast<intptr_t>(dst.data_ptr()) - reinterpret_cast<intptr_t>(src.data_ptr()));
   const Tensor chunks = kvc::chunk_spans(s, n, chunk);
   kvc::cuda::dispatch_copy_chunks({src.data_ptr<uint8_t>(), dst.data_ptr<uint8_t>(),
                                    chunks.data_ptr<int64_t>(), chunks.size(0)},
@@ -185,7 +198,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("cu_seq_lens"), pybind11::arg("seq_starts"), pybind11::arg("out"),
         pybind11::arg("scale"), pybind11::arg("slots") = std::nullopt);
   m.def("copy_spans", &copy_spans);
-  m.def("v4_quant_and_cache", &v4_quant_and_cache);
+  m.def("v4_mla_quant_and_cache", &v4_mla_quant_and_cache);
+  m.def("mxfp4_quant_and_cache", &mxfp4_quant_and_cache);
+  m.def("v4_indexer_quant_and_cache", &v4_indexer_quant_and_cache);
+  m.def("state_write", &state_write);
   m.def("v4_dsa_write", &v4_dsa_write, pybind11::arg("kv"), pybind11::arg("mla_view"),
         pybind11::arg("k_idx"), pybind11::arg("indexer_view"), pybind11::arg("slot_mapping"),
         pybind11::arg("scale_floor"), pybind11::arg("indexer") = "mxfp4");

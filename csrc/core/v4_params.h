@@ -1,9 +1,9 @@
-// Parameters and entry points of DeepSeek-V4's row kernels (formats in v4_rows.h), shared by
-// the CPU loops (cpu/v4.cpp) and the CUDA kernels (cuda/v4_kernels.cuh).
+// Parameters of DeepSeek-V4's row kernels (formats in v4_rows.h), shared by the CPU loops
+// (cpu/v4.cpp) and the CUDA kernels (cuda/v4_kernels.cuh); entry points in entry.h.
 #pragma once
 #include <cstdint>
 
-#include "kernels.h"
+#include "params.h"
 #include "v4_rows.h"
 
 namespace kvc {
@@ -95,19 +95,5 @@ struct V4WindowGatherParams {
   int64_t out_stride;
 };
 
-namespace cpu {
-void v4_write(const V4WriteParams& p);
-void v4_pair_write(const V4WriteParams& mla, const V4WriteParams& idx);
-void v4_gather(const V4GatherParams& p);
-void v4_window_gather(const V4WindowGatherParams& p);
-}  // namespace cpu
-
-namespace cuda {
-void v4_write(const V4WriteParams& p, void* stream);
-// kMla rows and kMxfp4 rows at the same slots (mla.slots), one launch.
-void v4_pair_write(const V4WriteParams& mla, const V4WriteParams& idx, void* stream);
-void v4_gather(const V4GatherParams& p, void* stream);
-void v4_window_gather(const V4WindowGatherParams& p, void* stream);
-}  // namespace cuda
 
 }  // namespace kvc

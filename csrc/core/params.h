@@ -1,6 +1,6 @@
-// Plain parameter structs shared by the CPU loops and the CUDA kernels, and their entry points.
-// The op layer (op_args.cpp) validates tensors and fills these; kernels never see a Tensor,
-// which keeps the .cu files free of torch headers (fast nvcc builds).
+// Plain parameter structs shared by the CPU loops and the CUDA kernels (entry points: entry.h).
+// The op layer (csrc/ops) validates tensors and fills these; kernels never see a Tensor, which
+// keeps the .cu files free of torch headers (fast nvcc builds).
 #pragma once
 #include <cstdint>
 
@@ -134,30 +134,6 @@ KVC_HD float indexer_scale(float amax, bool ue8m0) {
   return ue8m0 ? ue8m0_round_up(s) : s;
 }
 
-namespace cpu {
-void plain_write(const PlainWriteParams& p);
-void mla_write(const MlaWriteParams& p);
-void indexer_write(const IndexerWriteParams& p);
-void mla_gather(const MlaGatherParams& p);
-void indexer_gather(const IndexerGatherParams& p);
-void kv_gather(const KvGatherParams& p);
-}  // namespace cpu
-
-namespace cuda {
-// `stream` is a cudaStream_t.
-void plain_write(const PlainWriteParams& p, void* stream);
-void kv_write(const PlainWriteParams& k, const PlainWriteParams& v, void* stream);
-void kv_gather(const KvGatherParams& p, void* stream);
-void mla_write(const MlaWriteParams& p, void* stream);
-void indexer_write(const IndexerWriteParams& p, void* stream);
-void dsa_write(const MlaWriteParams& mla, const IndexerWriteParams& idx, void* stream);
-void mla_gather(const MlaGatherParams& p, void* stream);
-void indexer_gather(const IndexerGatherParams& p, void* stream);
-}  // namespace cuda
-
-}  // namespace kvc
-
-namespace kvc {
 // copy_spans: chunks (src offset, dst offset, length) [num_chunks, 3] of at most
 // kCopyChunkBytes (CUDA) each, in memory the copying device reads.
 struct CopyParams {
@@ -169,7 +145,4 @@ struct CopyParams {
 constexpr int64_t kCopyChunkBytes = 64 * 1024;     // one CUDA thread block each
 constexpr int64_t kCpuCopyChunkBytes = 256 * 1024;  // parallel CPU work items
 
-namespace cuda {
-void copy_chunks(const CopyParams& p, void* stream);
-}  // namespace cuda
 }  // namespace kvc

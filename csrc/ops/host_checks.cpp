@@ -1,22 +1,12 @@
-// Host-side checks that read tensor values (slots, block tables, lengths, copy spans), run
-// before anything is written; and the chunking of copy spans. Declared in op_args.h.
-#include <ATen/ops/empty.h>
+// Checks of tensor values on the host (host_checks.h).
+#include "host_checks.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <vector>
 
-#include "op_args.h"
-
 namespace kvc {
-namespace {
-
-template <class T>
-T* ptr(const at::Tensor& t) {
-  return static_cast<T*>(t.data_ptr());
-}
-
-}  // namespace
 
 void check_slots_in_range(const at::Tensor& slots, int64_t num_tokens, const PagedView& v,
                           const char* arg, bool allow_negative) {
@@ -99,65 +89,15 @@ void check_unique_slots(const at::Tensor& slots, int64_t num_tokens, const Paged
   if (dup != sorted.end()) refuse(*dup);
 }
 
-void check_spans(const uint8_t* src, int64_t src_bytes, const uint8_t* dst, int64_t dst_bytes,
-                 const int64_t* spans, int64_t n, bool same_space) {
-  struct Range {
-    uintptr_t begin, end;
-    int64_t i;
-  };
-  std::vector<Range> writes, reads;
-  writes.reserve(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t a = spans[3 * i], b = spans[3 * i + 1], len = spans[3 * i + 2];
-    TORCH_CHECK_VALUE(len >= 0, "spans[", i, "] = (", a, ", ", b, ", ", len, "): length must be >= 0");
-    TORCH_CHECK_INDEX(a >= 0 && b >= 0 && a <= src_bytes - len && b <= dst_bytes - len,
-                      "spans[", i, "] = (", a, ", ", b, ", ", len, ") is outside src (", src_bytes,
-                      " bytes) or dst (", dst_bytes, " bytes)");
-    if (len == 0) continue;
-    const auto at = [](const uint8_t* base, int64_t off) { return reinterpret_cast<uintptr_t>(base + off); };
-    writes.push_back({at(dst, b), at(dst, b + len), i});
-    if (same_space) reads.push_back({at(src, a), at(src, a + len), i});
-  }
-  const auto by_begin = [](const Range& x, const Range& y) { return x.begin < y.begin; };
-  std::sort(writes.begin(), writes.end(), by_begin);
-  for (size_t k = 1; k < writes.size(); ++k)
-    TORCH_CHECK_VALUE(writes[k].begin >= writes[k - 1].end, "spans[", writes[k - 1].i, "] and spans[",
-                      writes[k].i, "] write overlapping destination bytes");
-  if (reads.empty()) return;
-  // Does any read range meet a write range? Reads sorted by start, with the running maximum of
-  // their ends: the reads starting before a write's end reach into it iff that maximum passes
-  // the write's start.
-  std::sort(reads.begin(), reads.end(), by_begin);
-  std::vector<size_t> reach(reads.size());  // index of the read with the largest end so far
-  for (size_t k = 0; k < reads.size(); ++k)
-    reach[k] = (k == 0 || reads[k].end > reads[reach[k - 1]].end) ? k : reach[k - 1];
-  for (const Range& w : writes) {
-    const auto it = std::lower_bound(reads.begin(), reads.end(), w.end,
-                                     [](const Range& r, uintptr_t e) { return r.begin < e; });
-    if (it == reads.begin()) continue;
-    const Range& r = reads[reach[(it - reads.begin()) - 1]];
-    TORCH_CHECK_VALUE(r.end <= w.begin, "spans[", w.i, "] writes bytes that spans[", r.i,
-                      "] reads (src and dst share memory): a copy's destinations must not "
-                      "overlap its sources");
-  }
+void check_slot_values(const at::Tensor& slot_mapping, int64_t num_tokens, const PagedView& v,
+                       const char* arg) {
+  check_slots_in_range(slot_mapping, num_tokens, v, arg);
+  check_unique_slots(slot_mapping, num_tokens, v, arg);
 }
 
-// Spans cut into chunks of at most `chunk` bytes, [n, 3] int64: even parallel work on CPU,
-// one thread block each on CUDA.
-at::Tensor chunk_spans(const int64_t* s, int64_t n, int64_t chunk) {
-  int64_t count = 0;
-  for (int64_t i = 0; i < n; ++i) count += (s[3 * i + 2] + chunk - 1) / chunk;
-  at::Tensor chunks = at::empty({count, 3}, at::TensorOptions().dtype(at::kLong));
-  int64_t* c = chunks.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t off = 0; off < s[3 * i + 2]; off += chunk) {
-      c[0] = s[3 * i] + off;
-      c[1] = s[3 * i + 1] + off;
-      c[2] = std::min(chunk, s[3 * i + 2] - off);
-      c += 3;
-    }
-  }
-  return chunks;
+GatherSource on_host(const GatherSource& g) {
+  auto cpu = [](const OptTensor& t) -> OptTensor { return t ? OptTensor(t->cpu()) : std::nullopt; };
+  return {cpu(g.block_table), cpu(g.cu_seq_lens), cpu(g.seq_starts), cpu(g.slots)};
 }
 
 }  // namespace kvc

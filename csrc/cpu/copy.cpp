@@ -1,0 +1,33 @@
+// The CPU loop of copy_spans: memcpy of every chunk (core/params.h CopyParams), in parallel.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "../core/entry.h"
+
+namespace kvc::cpu {
+
+void copy_chunks(const CopyParams& p) {
+  const int64_t* c = p.chunks;
+  const int64_t count = p.num_chunks;
+  if (count == 0) return;
+  // Threads get equal bytes, not equal chunk counts: spans sorted by address put all of one
+  // spec's (large) pages before another's (small) ones.
+  const int64_t parts = std::min<int64_t>(4 * at::get_num_threads(), count);
+  int64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) total += c[3 * i + 2];
+  std::vector<int64_t> first(parts + 1, count);
+  for (int64_t i = 0, part = 0, done = 0; i < count && part < parts; ++i) {
+    while (part < parts && done >= part * (total / std::max<int64_t>(parts, 1))) first[part++] = i;
+    done += c[3 * i + 2];
+  }
+  first[0] = 0;
+  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t i = first[begin]; i < first[end]; ++i)
+      std::memcpy(p.dst + c[3 * i + 1], p.src + c[3 * i], c[3 * i + 2]);
+  });
+}
+
+}  // namespace kvc::cpu

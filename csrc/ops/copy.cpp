@@ -1,0 +1,84 @@
+// copy_spans (byte spans between two flat buffers, CPU <-> CPU, GPU <-> GPU, GPU <-> pinned CPU),
+// and the checks offered alone: check_spans (the span rules, spans.h) and check_slot_mapping (a
+// write's slot rules, host_checks.h, for debug runs of CUDA writes, which cannot check).
+#include <ATen/core/CachingHostAllocator.h>
+#include <c10/util/Exception.h>
+
+#include "../core/entry.h"
+#include "host_checks.h"
+#include "ops.h"
+#include "run.h"
+#include "spans.h"
+
+namespace kvc::ops {
+namespace {
+
+const int64_t* spans_arg(const Tensor& spans, const char* name = "spans") {
+  TORCH_CHECK_TYPE(spans.scalar_type() == at::kLong, name, " must be int64, got ", spans.scalar_type());
+  TORCH_CHECK_VALUE(spans.dim() == 2 && spans.size(1) == 3 && spans.is_contiguous(), name,
+                    " must be a contiguous CPU tensor [S, 3], got shape ", spans.sizes());
+  return spans.data_ptr<int64_t>();
+}
+
+// Keeps a pinned host buffer from being reused by torch's host allocator until the work queued
+// on `stream` so far has finished (the caller may drop its tensor before the copy runs).
+void record_pinned_use(const Tensor& host, const Tensor& gpu) {
+  c10::impl::VirtualGuardImpl impl(gpu.device().type());
+  const auto& data = host.storage().data_ptr();
+  at::getHostAllocator(gpu.device().type())
+      ->record_event(data.get(), data.get_context(), impl.getStream(gpu.device()));
+}
+
+}  // namespace
+
+void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
+  NvtxRange range("kvc::copy_spans");
+  TORCH_CHECK_TYPE(src.scalar_type() == at::kByte && dst.scalar_type() == at::kByte,
+                   "src and dst must be uint8 buffers, got ", src.scalar_type(), " and ",
+                   dst.scalar_type());
+  TORCH_CHECK_VALUE(src.dim() == 1 && dst.dim() == 1 && src.is_contiguous() && dst.is_contiguous(),
+                    "src and dst must be contiguous 1-D buffers");
+  const int64_t* s = spans_arg(spans);
+  const int64_t n = spans.size(0);
+  const uint8_t* from = src.data_ptr<uint8_t>();
+  uint8_t* to = dst.data_ptr<uint8_t>();
+  const bool one_space = src.device() == dst.device();
+  kvc::check_spans(s, n, src.numel(), dst.numel(),
+              one_space ? std::optional<int64_t>(reinterpret_cast<intptr_t>(to) -
+                                                 reinterpret_cast<intptr_t>(from))
+                        : std::nullopt);
+  if (src.is_cpu() && dst.is_cpu()) {
+    const Tensor chunks = chunk_spans(s, n, kCpuCopyChunkBytes);
+    cpu::copy_chunks({from, to, chunks.data_ptr<int64_t>(), chunks.size(0)});
+    return;
+  }
+  const Tensor& gpu = dst.is_cpu() ? src : dst;
+  TORCH_CHECK_VALUE(src.is_cpu() || dst.is_cpu() || one_space,
+                    "src and dst on two GPUs are not supported, got ", src.device(), " and ", dst.device());
+  for (const Tensor* host : {&src, &dst})
+    TORCH_CHECK_VALUE(!host->is_cpu() || host->is_pinned(), host == &src ? "src" : "dst",
+                      " is in pageable CPU memory: a GPU copy needs pinned memory "
+                      "(kvc.allocate(..., pin_memory=True))");
+  c10::DeviceGuard guard(gpu.device());
+  // The chunk table travels to the GPU on the copy's stream, from pinned memory.
+  const Tensor chunks = chunk_spans(s, n, kCopyChunkBytes).pin_memory().to(gpu.device(), true);
+  KVC_CUDA(cuda::copy_chunks({from, to, chunks.data_ptr<int64_t>(), chunks.size(0)}, stream_of(gpu)));
+  for (const Tensor* host : {&src, &dst})
+    if (host->is_cpu()) record_pinned_use(*host, gpu);
+}
+
+void check_spans(const Tensor& spans, int64_t src_bytes, int64_t dst_bytes, bool same_buffer,
+                 Str name) {
+  const std::string arg(sv(name));
+  const int64_t* s = spans_arg(spans, arg.c_str());
+  kvc::check_spans(s, spans.size(0), src_bytes, dst_bytes,
+                   same_buffer ? std::optional<int64_t>(0) : std::nullopt, arg.c_str());
+}
+
+void check_slot_mapping(const Tensor& slot_mapping, const Tensor& view) {
+  const PagedView v = paged_view(view, "view");
+  const int64_t n = slot_mapping_arg(slot_mapping);
+  check_slot_values(slot_mapping.is_cpu() ? slot_mapping : slot_mapping.cpu(), n, v);
+}
+
+}  // namespace kvc::ops
