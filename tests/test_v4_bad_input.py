@@ -32,7 +32,7 @@ def test_bad_input_is_refused_before_writing():
             kv.to(torch.int32), c4, ok)),
         (ValueError, r'scale_floor must be "amax" or "scale"', lambda: o4.v4_mla_quant_and_cache(
             kv, c4, ok, "none")),
-        (ValueError, r'format must be "fp8_ds_mla_v4" or "mxfp4"', lambda: torch.ops.kvcache_ext.
+        (ValueError, r'format must be "fp8_ds_mla_v4", "v41_mxfp8" or "mxfp4"', lambda: torch.ops.kvcache_ext.
          gather_v4_slots(c4, ok, "fp4", torch.empty(4, 512, dtype=torch.bfloat16), True)),
         (IndexError, r"slot_mapping\[2\] = 256 is outside", lambda: o4.mxfp4_quant_and_cache(
             kv[:, :128], mx, torch.tensor([0, 1, 256, 3]))),

@@ -73,6 +73,22 @@ def expect_mla(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return data, scales
 
 
+def expect_v41(kv: torch.Tensor, floor: str = "amax") -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V4.1's 528-B record from float64 (vLLM PR #56893's writer: amax floor 1e-4;
+    floor="scale": the scale floored instead): (data [T, 512], scales [T, 16])."""
+    t = kv.shape[0]
+    x = kv.double().reshape(t, 16, 32)
+    a = nan_free_amax(x)
+    if floor == "amax":
+        s = (torch.maximum(a.float(), torch.tensor(1e-4, dtype=F32)) / 448).double()
+    else:
+        s = torch.maximum((a.float() / 448), torch.tensor(1e-4, dtype=F32)).double()
+    e = torch.where(a.isinf(), 128, ceil_exp64(s))
+    scale = torch.where(a.isinf(), INF, torch.ldexp(torch.ones((), dtype=torch.float64), e.double()))
+    data = expect_e4m3(x / scale.unsqueeze(-1)).reshape(t, 512)
+    return data, (e + 127).clamp(0, 255).to(torch.uint8)
+
+
 def expect_mxfp4(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     t = k.shape[0]
     x = k.double().reshape(t, 4, 32)

@@ -9,15 +9,22 @@
 namespace kvc {
 
 enum class V4Format : int32_t {
-  kMla = 0,    // 584 B fp8_ds_mla rows <-> 512 values
-  kMxfp4 = 1,  // 68 B MXFP4 indexer rows <-> 128 values
+  kMla = 0,    // "fp8_ds_mla_v4": 584 B fp8_ds_mla rows <-> 512 values
+  kMxfp4 = 1,  // "mxfp4": 68 B MXFP4 indexer rows <-> 128 values
+  kMxfp8 = 2,  // "v41_mxfp8": 528 B DeepSeek-V4.1 rows <-> 512 values
 };
 
-KVC_HD int64_t v4_dim(V4Format f) { return f == V4Format::kMla ? kV4Dim : kMxfp4Dim; }
-KVC_HD int64_t v4_row_bytes(V4Format f) { return f == V4Format::kMla ? kV4RowBytes : kMxfp4RowBytes; }
+KVC_HD int64_t v4_dim(V4Format f) { return f == V4Format::kMxfp4 ? kMxfp4Dim : kV4Dim; }
+KVC_HD int64_t v4_row_bytes(V4Format f) {
+  return f == V4Format::kMla ? kV4RowBytes : f == V4Format::kMxfp8 ? kV41RowBytes : kMxfp4RowBytes;
+}
 // (data, footer) bytes of a row in its split page.
-KVC_HD int64_t v4_data_bytes(V4Format f) { return f == V4Format::kMla ? kV4DataBytes : kMxfp4PackedBytes; }
-KVC_HD int64_t v4_footer_bytes(V4Format f) { return f == V4Format::kMla ? kV4ScaleBytes : kMxfp4ScaleBytes; }
+KVC_HD int64_t v4_data_bytes(V4Format f) {
+  return f == V4Format::kMla ? kV4DataBytes : f == V4Format::kMxfp8 ? kV41DataBytes : kMxfp4PackedBytes;
+}
+KVC_HD int64_t v4_footer_bytes(V4Format f) {
+  return f == V4Format::kMla ? kV4ScaleBytes : f == V4Format::kMxfp8 ? kV41ScaleBytes : kMxfp4ScaleBytes;
+}
 
 KVC_HD SplitAddress v4_address(const PagedView& v, int64_t slot, V4Format f) {
   return split_address(v, slot, v4_data_bytes(f), v4_footer_bytes(f));
@@ -29,7 +36,7 @@ struct V4WriteParams {
   int64_t x_stride;  // elements between tokens
   DType dtype;
   V4Format format;
-  bool scale_floor;  // kMla: floor the scale (CuTe DSL) instead of the amax (canonical)
+  bool scale_floor;  // kMla, kMxfp8: floor the scale (CuTe DSL) instead of the amax (canonical)
   PagedView view;
   const int64_t* slots;
   int64_t num_tokens;
@@ -87,7 +94,8 @@ struct CompressedSwaSource {
 };
 
 struct V4WindowGatherParams {
-  PagedView c_view, swa_view;  // fp8_ds_mla V4 views
+  PagedView c_view, swa_view;  // views of `format` rows (kMla or kMxfp8)
+  V4Format format;
   CompressedSwaSource src;
   int64_t num_tokens;  // rows of out
   MlaGatherMode mode;

@@ -1,6 +1,7 @@
 // DeepSeek-V4's quantized rows (SPEC 10), bit-exact on host and device: the 584-byte
-// fp8_ds_mla row and the 68-byte MXFP4 indexer row, both in split pages (data of every row,
-// then a footer of UE8M0 scale bytes). kvcache_ext/reference_v4.py is the torch ground truth.
+// fp8_ds_mla row, V4.1's 528-byte MXFP8 record and the 68-byte MXFP4 indexer row, all in split
+// pages (data of every row, then a footer of UE8M0 scale bytes). kvcache_ext/reference/v4.py is
+// the torch ground truth.
 //
 // Inputs are bf16 values (other dtypes are rounded to bf16 first); amax ignores NaN. Every
 // power-of-two scale is 2^ceil(log2(s)) taken exactly from s's bits.
@@ -22,6 +23,16 @@ constexpr int64_t kV4DataBytes = kV4Nope + 2 * (kV4Dim - kV4Nope);  // 576
 constexpr int64_t kV4ScaleBytes = 8;
 constexpr int64_t kV4RowBytes = kV4DataBytes + kV4ScaleBytes;  // 584
 constexpr float kV4Floor = 1e-4f;  // amax floor (canonical) or scale floor (CuTe DSL option)
+
+// 528 B (DeepSeek-V4.1, FlashMLA's V4.1 record, vLLM PR #56893): 512 e4m3 codes of the whole
+// post-RoPE vector (RoPE quantized too), then 16 UE8M0 scale bytes in the page footer, one per
+// 32 values (MXFP8). The scale rule is the 584-B row's (v4_mla_exponent), per 32-value tile.
+constexpr int64_t kV41Dim = 512;
+constexpr int64_t kV41Tile = 32;
+constexpr int64_t kV41Tiles = kV41Dim / kV41Tile;  // 16
+constexpr int64_t kV41DataBytes = kV41Dim;         // 512
+constexpr int64_t kV41ScaleBytes = kV41Tiles;      // 16
+constexpr int64_t kV41RowBytes = kV41DataBytes + kV41ScaleBytes;  // 528
 
 // 68 B: 128 e2m1 values packed two to a byte (element 2i low nibble), then 4 UE8M0 bytes,
 // one per 32 values.
@@ -60,8 +71,9 @@ KVC_HD float pow2f(int32_t e) {
   return 0.0f;
 }
 
-// Tile exponent of a V4 fp8_ds_mla tile from its NaN-free amax: 2^e is the scale; byte =
-// clamp(e + 127, 0, 255) (a tile holding +-inf has e = 128, byte 255).
+// Tile exponent of a V4 fp8_ds_mla tile (64 NoPE values) or a V4.1 MXFP8 tile (32 values) from
+// its NaN-free amax: 2^e is the scale; byte = clamp(e + 127, 0, 255) (a tile holding +-inf has
+// e = 128, byte 255).
 KVC_HD int32_t v4_mla_exponent(float amax, bool scale_floor) {
   const float s = scale_floor ? fmax_(amax / kFp8Max, kV4Floor) : fmax_(amax, kV4Floor) / kFp8Max;
   return ceil_log2(s);

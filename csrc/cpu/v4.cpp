@@ -1,5 +1,5 @@
 // CPU loops of DeepSeek-V4's rows (v4_rows.h): quantizing writes and dequantizing reads of
-// the 584-byte fp8_ds_mla and 68-byte MXFP4 rows in split pages. Slots were range-checked by
+// the 584-byte fp8_ds_mla, 528-byte V4.1 MXFP8 and 68-byte MXFP4 rows in split pages. Slots were range-checked by
 // the op layer before the first write; negative slots are padding.
 #include <cstring>
 #include <memory>
@@ -36,6 +36,18 @@ void mla_row(const uint16_t* x, bool scale_floor, uint8_t* data, uint8_t* scales
   scales[kV4Tiles] = 0;
 }
 
+// V4.1's record: all 512 values in 16 tiles of 32, each its own power-of-two scale.
+void mxfp8_row(const uint16_t* x, bool scale_floor, uint8_t* data, uint8_t* scales) {
+  float s[kV41Tiles];
+  tile_amax(x, DType::kBFloat16, kV41Tiles, kV41Tile, kV41Tile, s);
+  for (int64_t k = 0; k < kV41Tiles; ++k) {
+    const int32_t e = v4_mla_exponent(s[k], scale_floor);
+    s[k] = pow2f(e);
+    scales[k] = v4_scale_byte(e);
+  }
+  quantize_tiles(x, DType::kBFloat16, kV41Tiles, kV41Tile, kV41Tile, s, data);
+}
+
 void mxfp4_row(const uint16_t* x, uint8_t* packed, uint8_t* scales) {
   float amax[kMxfp4ScaleBytes];
   int32_t e[kMxfp4ScaleBytes];
@@ -56,6 +68,12 @@ void decode_row_v4(V4Format f, MlaGatherMode mode, const uint8_t* data, const ui
     return;
   }
   const DType t = mode == MlaGatherMode::kDequantBf16 ? DType::kBFloat16 : DType::kFloat32;
+  if (f == V4Format::kMxfp8) {
+    for (int64_t k = 0; k < kV41Tiles; ++k)
+      decode_row(data + k * kV41Tile, kV41Tile, pow2f(footer[k] - 127), t,
+                 out + k * kV41Tile * dtype_size(t));
+    return;
+  }
   if (f == V4Format::kMla) {
     for (int64_t k = 0; k < kV4Tiles; ++k)
       decode_row(data + k * kV4Tile, kV4Tile, pow2f(footer[k] - 127), t,
@@ -87,6 +105,8 @@ void write_token(const V4WriteParams& p, int64_t t, int64_t slot, uint16_t* buf,
   const SplitAddress a = v4_address(p.view, slot, p.format);
   if (p.format == V4Format::kMla)
     mla_row(x, p.scale_floor, staged, p.view.base + a.last);
+  else if (p.format == V4Format::kMxfp8)
+    mxfp8_row(x, p.scale_floor, staged, p.view.base + a.last);
   else
     mxfp4_row(x, staged, p.view.base + a.last);
   stream_row(p.view.base + a.first, staged, v4_data_bytes(p.format));
@@ -142,15 +162,15 @@ void v4_gather(const V4GatherParams& p) {
 }
 
 void v4_window_gather(const V4WindowGatherParams& p) {
-  gather_rows(p.num_tokens, p.out, p.out_stride, v4_out_row_bytes(V4Format::kMla, p.mode),
+  gather_rows(p.num_tokens, p.out, p.out_stride, v4_out_row_bytes(p.format, p.mode),
               [&](int64_t t, int64_t) {
                 bool swa;
                 const int64_t slot = p.src.slot_of(t, p.c_view, p.swa_view, swa);
                 return Located{slot, swa ? &p.swa_view : &p.c_view};
               },
               [&](const PagedView& v, int64_t slot, uint8_t* out) {
-    const SplitAddress a = v4_address(v, slot, V4Format::kMla);
-    decode_row_v4(V4Format::kMla, p.mode, v.base + a.first, v.base + a.last, nullptr, out);
+    const SplitAddress a = v4_address(v, slot, p.format);
+    decode_row_v4(p.format, p.mode, v.base + a.first, v.base + a.last, nullptr, out);
   });
 }
 

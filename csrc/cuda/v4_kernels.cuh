@@ -1,6 +1,8 @@
 // CUDA kernels of DeepSeek-V4's rows (v4_rows.h), byte for byte the CPU loops' (cpu/v4.cpp):
 // - 584-B fp8_ds_mla rows, one warp per token: lane l holds values [16 l, 16 l + 16) of the
 //   512, so lanes 4k..4k+3 are NoPE tile k (k < 7) and lanes 28..31 the 64 RoPE values;
+// - 528-B V4.1 MXFP8 rows, one warp per token: lane l holds values [16 l, 16 l + 16), so lanes
+//   2k, 2k + 1 are 32-value tile k;
 // - 68-B MXFP4 rows, four tokens per warp, eight lanes a token: lane s holds values
 //   [16 s, 16 s + 16), lanes 2b, 2b + 1 are 32-value block b.
 // No host synchronisation; tokens whose slot is outside the view are skipped on writes and
@@ -70,6 +72,28 @@ __device__ __forceinline__ void v4_mla_token(const V4WriteParams& p, int64_t t, 
   }
 }
 
+// Token t's 528-B V4.1 row, by the 32 lanes of a warp (all of them: the amax takes shuffles).
+template <DType kIn>
+__device__ __forceinline__ void v41_token(const V4WriteParams& p, int64_t t, int64_t slot, int lane) {
+  float x[16];
+  load16_as_bf16<kIn>(p.x, t * p.x_stride + 16 * lane, x);
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = amax_step(amax, x[i]);
+  amax = group_max<2>(amax);
+  if (!p.view.valid_slot(slot)) return;
+  const SplitAddress a = split_address(p.view, slot, kV41DataBytes, kV41ScaleBytes);
+  const int32_t e = v4_mla_exponent(amax, p.scale_floor);
+  const float scale = pow2f(e), recip = exact_recip(scale);
+  uint32_t codes[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    codes[i] = pack4_e4m3(div_by(x[4 * i], scale, recip), div_by(x[4 * i + 1], scale, recip),
+                          div_by(x[4 * i + 2], scale, recip), div_by(x[4 * i + 3], scale, recip));
+  store_words(p.view.base + a.first + 16 * lane, codes);
+  if (lane % 2 == 0) p.view.base[a.last + lane / 2] = v4_scale_byte(e);
+}
+
 // Row `row`'s 68-B MXFP4 row at `slot`, by eight lanes (sub = 0..7; pairs of lanes shuffle, so
 // every lane of the warp calls this); `store` false: the lane computes but writes nothing.
 template <DType kIn>
@@ -102,6 +126,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_mla_write_kernel(V4
 }
 
 template <DType kIn>
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v41_write_kernel(V4WriteParams p) {
+  const int64_t t = warp_row();
+  if (t < p.num_tokens) v41_token<kIn>(p, t, p.slots[t], threadIdx.x % kWarp);
+}
+
+// The main-KV row of a pair: the 584-B or the 528-B one.
+template <DType kIn>
+__device__ __forceinline__ void main_token(const V4WriteParams& p, int64_t t, int64_t slot, int lane) {
+  if (p.format == V4Format::kMxfp8)
+    v41_token<kIn>(p, t, slot, lane);
+  else
+    v4_mla_token<kIn>(p, t, slot, lane);
+}
+
+template <DType kIn>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mxfp4_write_kernel(V4WriteParams p) {
   const int lane = threadIdx.x % kWarp;
   const int64_t first = warp_row() * kMxfp4TokensPerWarp;
@@ -112,7 +151,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mxfp4_write_kernel(V4W
 }
 
 // A compressed group's pair in one launch (DeepSeek-V4's dsa_write): one warp per token writes
-// its 584-B main-KV row, then lanes 0..7 its MXFP4 indexer row, at one slot.
+// its main-KV row (584 B, or V4.1's 528 B), then lanes 0..7 its MXFP4 indexer row, at one slot.
 template <DType kIn>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_pair_write_kernel(V4WriteParams mla,
                                                                                V4WriteParams idx) {
@@ -120,7 +159,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_pair_write_kernel(V
   if (t >= mla.num_tokens) return;
   const int lane = threadIdx.x % kWarp;
   const int64_t slot = mla.slots[t];
-  v4_mla_token<kIn>(mla, t, slot, lane);
+  main_token<kIn>(mla, t, slot, lane);
   mxfp4_token<kIn>(idx, t, slot, lane % kIndexerLanes, lane < kIndexerLanes);
 }
 
@@ -166,12 +205,46 @@ __device__ __forceinline__ void v4_mla_read_row(const PagedView& v, int64_t slot
   }
 }
 
+// One 528-B V4.1 row (slot valid, or < 0 for a zero row) into out, by the lanes of one warp.
+template <MlaGatherMode kMode>
+__device__ __forceinline__ void v41_read_row(const PagedView& v, int64_t slot, uint8_t* out, int lane) {
+  if (slot < 0) {
+    warp_zero(out, v4_out_row_bytes(V4Format::kMxfp8, kMode), lane);
+    return;
+  }
+  const SplitAddress a = split_address(v, slot, kV41DataBytes, kV41ScaleBytes);
+  const uint8_t* data = v.base + a.first;
+  if constexpr (kMode == MlaGatherMode::kCopyRow) {
+    warp_copy(out, data, kV41DataBytes, lane);
+    if (lane < kV41ScaleBytes) out[kV41DataBytes + lane] = v.base[a.last + lane];
+  } else {
+    constexpr int kOut = kMode == MlaGatherMode::kDequantBf16 ? 2 : 4;  // bytes per value
+    uint32_t c[4];
+    load_words(data + 16 * lane, c);
+    const float scale = pow2f(static_cast<int32_t>(v.base[a.last + lane / 2]) - 127);
+    float vals[16];
+    decode_words<16>(c, scale, vals);
+    store_values<kMode>(out + 16 * kOut * lane, vals);
+  }
+}
+
+// A 512-value row of either main-KV format.
+template <MlaGatherMode kMode>
+__device__ __forceinline__ void main_read_row(V4Format f, const PagedView& v, int64_t slot,
+                                              uint8_t* out, int lane) {
+  if (f == V4Format::kMxfp8)
+    v41_read_row<kMode>(v, slot, out, lane);
+  else
+    v4_mla_read_row<kMode>(v, slot, out, lane);
+}
+
 template <MlaGatherMode kMode>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_mla_gather_kernel(V4GatherParams p) {
   const int64_t t = warp_row();
   if (t >= p.num_tokens) return;
   const int64_t slot = p.src.slot_of(t, p.view);
-  if (slot != kNoRow) v4_mla_read_row<kMode>(p.view, slot, p.out + t * p.out_stride, threadIdx.x % kWarp);
+  if (slot != kNoRow)
+    main_read_row<kMode>(p.format, p.view, slot, p.out + t * p.out_stride, threadIdx.x % kWarp);
 }
 
 template <MlaGatherMode kMode>
@@ -182,8 +255,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_window_gather_kerne
   bool swa;
   const int64_t slot = p.src.slot_of(t, p.c_view, p.swa_view, swa);
   if (slot != kNoRow)
-    v4_mla_read_row<kMode>(swa ? p.swa_view : p.c_view, slot, p.out + t * p.out_stride,
-                           threadIdx.x % kWarp);
+    main_read_row<kMode>(p.format, swa ? p.swa_view : p.c_view, slot, p.out + t * p.out_stride,
+                         threadIdx.x % kWarp);
 }
 
 template <MlaGatherMode kMode>
@@ -219,6 +292,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) mxfp4_gather_kernel(V4
 // ---- Which kernel a call runs. ----
 template <class Launch>
 void dispatch_v4_write(const V4WriteParams& p, const Launch& launch) {
+  if (p.format == V4Format::kMxfp8) {
+    const unsigned grid = grid_for(p.num_tokens);
+    switch (p.dtype) {
+      case DType::kBFloat16: return launch(v41_write_kernel<DType::kBFloat16>, grid, p);
+      case DType::kFloat16: return launch(v41_write_kernel<DType::kFloat16>, grid, p);
+      case DType::kFloat32: return launch(v41_write_kernel<DType::kFloat32>, grid, p);
+    }
+  }
   if (p.format == V4Format::kMla) {
     const unsigned grid = grid_for(p.num_tokens);
     switch (p.dtype) {
@@ -249,7 +330,7 @@ template <class Launch>
 void dispatch_v4_gather(const V4GatherParams& p, const Launch& launch) {
   constexpr auto kRaw = MlaGatherMode::kCopyRow, kBf16 = MlaGatherMode::kDequantBf16,
                  kF32 = MlaGatherMode::kDequantF32;
-  if (p.format == V4Format::kMla) {
+  if (p.format != V4Format::kMxfp4) {  // a warp per 512-value row, either main-KV format
     const unsigned grid = grid_for(p.num_tokens);
     switch (p.mode) {
       case kRaw: return launch(v4_mla_gather_kernel<kRaw>, grid, p);

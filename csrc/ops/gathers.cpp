@@ -98,11 +98,12 @@ void gather_v4_slots(const Tensor& view, const Tensor& slots, Str format, const 
 // A request's compressed rows then its SWA window, requests concatenated (CompressedSwaSource).
 void gather_v4_window(const Tensor& c_view, const Tensor& c_block_table, const Tensor& swa_view,
                       const Tensor& swa_block_table, const Tensor& seq_lens, const Tensor& cu_out,
-                      int64_t ratio, int64_t window, const Tensor& out, bool validate) {
+                      int64_t ratio, int64_t window, const Tensor& out, bool validate,
+                      Str format) {
   NvtxRange range("kvc::gather_v4_window");
   const V4WindowGatherParams p = parse_gather_v4_window(
       c_view, swa_view, {c_block_table, swa_block_table, seq_lens, cu_out}, ratio, window, out,
-      validate);
+      validate, sv(format));
   run_kernel(c_view, p.num_tokens, [&] { cpu::v4_window_gather(p); },
              [&](void* s) { KVC_CUDA(cuda::v4_window_gather(p, s)); });
 }

@@ -36,12 +36,14 @@
     "mla_view", "", "")                                                                                \
   /* DeepSeek-V4 rows in split pages (core/v4_rows.h); compressor states are [kv | score] rows. */    \
   X(v4_mla_quant_and_cache,                                                                            \
-    "Tensor kv, Tensor(a!) view, Tensor slot_mapping, str scale_floor=\"amax\"", "view", "", "")      \
+    "Tensor kv, Tensor(a!) view, Tensor slot_mapping, str scale_floor=\"amax\", "                   \
+    "str format=\"fp8_ds_mla_v4\"",                                                                  \
+    "view", "", "")                                                                                    \
   X(mxfp4_quant_and_cache, "Tensor k, Tensor(a!) view, Tensor slot_mapping", "view", "", "")          \
   X(v4_indexer_quant_and_cache, "Tensor k, Tensor(a!) view, Tensor slot_mapping", "view", "", "")     \
   X(v4_dsa_write,                                                                                      \
     "Tensor kv, Tensor(a!) mla_view, Tensor k_idx, Tensor(b!) indexer_view, Tensor slot_mapping, "    \
-    "str scale_floor=\"amax\", str indexer=\"mxfp4\"",                                                \
+    "str scale_floor=\"amax\", str indexer=\"mxfp4\", str format=\"fp8_ds_mla_v4\"",                \
     "mla_view", "", "")                                                                                \
   X(state_write, "Tensor kv, Tensor score, Tensor(a!) view, Tensor slot_mapping", "view", "", "")     \
   /* Reads into caller-provided outputs (fixed shapes, so they capture in CUDA graphs). */             \
@@ -68,8 +70,8 @@
     "Tensor view, Tensor slots, str placement, Tensor(a!) codes, Tensor(b!) scales, "                 \
     "bool validate=True",                                                                              \
     "view", "", "")                                                                                    \
-  /* V4 reads: format "fp8_ds_mla_v4" (584 B <-> 512 values) or "mxfp4" (68 B <-> 128 values), */    \
-  /* to bf16 / fp32 values or raw rows (uint8 out). */                                                 \
+  /* V4 reads: format "fp8_ds_mla_v4" (584 B <-> 512 values), "v41_mxfp8" (V4.1's 528 B <-> 512 */ \
+  /* values) or "mxfp4" (68 B <-> 128 values), to bf16 / fp32 values or raw rows (uint8 out). */      \
   X(gather_v4,                                                                                         \
     "Tensor view, Tensor block_table, Tensor cu_seq_lens, Tensor? seq_starts, str format, "           \
     "Tensor(a!) out, bool validate=True",                                                              \
@@ -79,7 +81,8 @@
   /* Per request: its compressed rows, then its last `window` SWA rows. */                            \
   X(gather_v4_window,                                                                                  \
     "Tensor c_view, Tensor c_block_table, Tensor swa_view, Tensor swa_block_table, "                  \
-    "Tensor seq_lens, Tensor cu_out, int ratio, int window, Tensor(a!) out, bool validate=True",      \
+    "Tensor seq_lens, Tensor cu_out, int ratio, int window, Tensor(a!) out, bool validate=True, "    \
+    "str format=\"fp8_ds_mla_v4\"",                                                                  \
     "c_view", "", "")                                                                                  \
   /* Byte spans [S, 3] = (src offset, dst offset, length) between two flat buffers. */                \
   X(copy_spans, "Tensor src, Tensor(a!) dst, Tensor spans", "", "", "spans")                         \

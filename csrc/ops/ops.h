@@ -35,12 +35,12 @@ void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, c
                const Tensor& indexer_view, const Tensor& slot_mapping, Str kv_cache_dtype,
                OptStr scale_fmt, Str placement, OptStr tile_scale);
 void v4_mla_quant_and_cache(const Tensor& kv, const Tensor& view, const Tensor& slot_mapping,
-                            Str scale_floor);
+                            Str scale_floor, Str format);
 void mxfp4_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping);
 void v4_indexer_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping);
 void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
                   const Tensor& indexer_view, const Tensor& slot_mapping, Str scale_floor,
-                  Str indexer);
+                  Str indexer, Str format);
 void state_write(const Tensor& kv, const Tensor& score, const Tensor& view,
                  const Tensor& slot_mapping);
 void gather_mla(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,
@@ -64,7 +64,8 @@ void gather_v4_slots(const Tensor& view, const Tensor& slots, Str format, const 
                      bool validate);
 void gather_v4_window(const Tensor& c_view, const Tensor& c_block_table, const Tensor& swa_view,
                       const Tensor& swa_block_table, const Tensor& seq_lens, const Tensor& cu_out,
-                      int64_t ratio, int64_t window, const Tensor& out, bool validate);
+                      int64_t ratio, int64_t window, const Tensor& out, bool validate,
+                      Str format);
 void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans);
 void check_spans(const Tensor& spans, int64_t src_bytes, int64_t dst_bytes, bool same_buffer,
                  Str name);

@@ -13,7 +13,17 @@
 namespace kvc {
 namespace {
 
-const char* format_name(V4Format f) { return f == V4Format::kMla ? "fp8_ds_mla_v4" : "mxfp4"; }
+const char* format_name(V4Format f) {
+  return f == V4Format::kMla ? "fp8_ds_mla_v4" : f == V4Format::kMxfp8 ? "v41_mxfp8" : "mxfp4";
+}
+
+// The main-KV row of a V4 op: the 584-B record or V4.1's 528-B one.
+V4Format parse_main_format(std::string_view format) {
+  const V4Format f = parse_v4_format(format);
+  TORCH_CHECK_VALUE(f != V4Format::kMxfp4, "format must be \"fp8_ds_mla_v4\" or \"v41_mxfp8\" "
+                    "for main-KV rows, got \"", format, "\"");
+  return f;
+}
 
 // A V4 view: one head, rows of the format's bytes, whole split pages.
 PagedView v4_view(const at::Tensor& view, V4Format f, const char* arg) {
@@ -48,8 +58,8 @@ MlaGatherMode out_mode(const at::Tensor& out, V4Format f, const char* arg) {
 bool parse_scale_floor(std::string_view scale_floor, V4Format format) {
   TORCH_CHECK_VALUE(scale_floor == "amax" || scale_floor == "scale",
                     "scale_floor must be \"amax\" or \"scale\", got \"", scale_floor, "\"");
-  TORCH_CHECK_VALUE(scale_floor == "amax" || format == V4Format::kMla,
-                    "scale_floor=\"scale\" applies to fp8_ds_mla_v4 rows only");
+  TORCH_CHECK_VALUE(scale_floor == "amax" || format != V4Format::kMxfp4,
+                    "scale_floor=\"scale\" applies to fp8_ds_mla_v4 and v41_mxfp8 rows only");
   return scale_floor == "scale";
 }
 
@@ -102,15 +112,18 @@ void round_indexer_input(V4IndexerWrite& w, const at::Tensor& k) {
 
 V4Format parse_v4_format(std::string_view format) {
   if (format == "fp8_ds_mla_v4") return V4Format::kMla;
+  if (format == "v41_mxfp8") return V4Format::kMxfp8;
   if (format == "mxfp4") return V4Format::kMxfp4;
-  TORCH_CHECK_VALUE(false, "format must be \"fp8_ds_mla_v4\" or \"mxfp4\", got \"", format, "\"");
+  TORCH_CHECK_VALUE(false, "format must be \"fp8_ds_mla_v4\", \"v41_mxfp8\" or \"mxfp4\", got \"",
+                    format, "\"");
 }
 
 V4WriteParams parse_v4_mla_quant_and_cache(const at::Tensor& kv, const at::Tensor& view,
                                            const at::Tensor& slot_mapping,
-                                           std::string_view scale_floor, bool on_host) {
-  return v4_write(kv, "kv", view, slot_mapping, V4Format::kMla,
-                  parse_scale_floor(scale_floor, V4Format::kMla), on_host);
+                                           std::string_view scale_floor, std::string_view format,
+                                           bool on_host) {
+  const V4Format f = parse_main_format(format);
+  return v4_write(kv, "kv", view, slot_mapping, f, parse_scale_floor(scale_floor, f), on_host);
 }
 
 V4WriteParams parse_mxfp4_quant_and_cache(const at::Tensor& k, const at::Tensor& view,
@@ -132,13 +145,13 @@ V4IndexerWrite parse_v4_indexer_quant_and_cache(const at::Tensor& k, const at::T
 V4PairWrite parse_v4_dsa_write(const at::Tensor& kv, const at::Tensor& mla_view,
                                const at::Tensor& k_idx, const at::Tensor& indexer_view,
                                const at::Tensor& slot_mapping, std::string_view scale_floor,
-                               std::string_view indexer, bool on_host) {
+                               std::string_view indexer, std::string_view format, bool on_host) {
   TORCH_CHECK_VALUE(indexer == "mxfp4" || indexer == "fp8",
                     "indexer must be \"mxfp4\" or \"fp8\", got \"", indexer, "\"");
+  const V4Format f = parse_main_format(format);
   const int64_t n = slot_mapping_arg(slot_mapping);
   V4PairWrite a{};
-  a.mla = v4_rows(kv, "kv", mla_view, "mla_view", n, V4Format::kMla,
-                  parse_scale_floor(scale_floor, V4Format::kMla));
+  a.mla = v4_rows(kv, "kv", mla_view, "mla_view", n, f, parse_scale_floor(scale_floor, f));
   a.fp8_indexer = indexer == "fp8";
   const PagedView* idx_view;
   if (a.fp8_indexer) {
@@ -203,13 +216,15 @@ void check_window_source(const WindowSource& src, const V4WindowGatherParams& p)
 
 V4WindowGatherParams parse_gather_v4_window(const at::Tensor& c_view, const at::Tensor& swa_view,
                                             const WindowSource& src, int64_t ratio,
-                                            int64_t window, const at::Tensor& out, bool validate) {
+                                            int64_t window, const at::Tensor& out, bool validate,
+                                            std::string_view format) {
   V4WindowGatherParams p{};
-  p.c_view = v4_view(c_view, V4Format::kMla, "c_view");
-  p.swa_view = v4_view(swa_view, V4Format::kMla, "swa_view");
+  p.format = parse_main_format(format);
+  p.c_view = v4_view(c_view, p.format, "c_view");
+  p.swa_view = v4_view(swa_view, p.format, "swa_view");
   TORCH_CHECK_VALUE(ratio >= 1, "ratio must be >= 1, got ", ratio);
   TORCH_CHECK_VALUE(window >= 0, "window must be >= 0, got ", window);
-  p.mode = out_mode(out, V4Format::kMla, "out");
+  p.mode = out_mode(out, p.format, "out");
   CompressedSwaSource& s = p.src;
   TORCH_CHECK_VALUE(src.seq_lens.dim() == 1, "seq_lens must be 1-D [num_requests], got shape ",
                     shape_str(src.seq_lens));

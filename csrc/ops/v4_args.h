@@ -10,12 +10,15 @@
 
 namespace kvc {
 
-// format: "fp8_ds_mla_v4" (584-B rows <-> 512 values) or "mxfp4" (68-B rows <-> 128 values).
+// format: "fp8_ds_mla_v4" (584-B rows <-> 512 values), "v41_mxfp8" (DeepSeek-V4.1's 528-B rows
+// <-> 512 values) or "mxfp4" (68-B rows <-> 128 values).
 V4Format parse_v4_format(std::string_view format);
 
+// Main-KV rows, format "fp8_ds_mla_v4" or "v41_mxfp8".
 V4WriteParams parse_v4_mla_quant_and_cache(const at::Tensor& kv, const at::Tensor& view,
                                            const at::Tensor& slot_mapping,
-                                           std::string_view scale_floor, bool on_host);
+                                           std::string_view scale_floor, std::string_view format,
+                                           bool on_host);
 V4WriteParams parse_mxfp4_quant_and_cache(const at::Tensor& k, const at::Tensor& view,
                                           const at::Tensor& slot_mapping, bool on_host);
 
@@ -29,7 +32,8 @@ struct V4IndexerWrite {
 V4IndexerWrite parse_v4_indexer_quant_and_cache(const at::Tensor& k, const at::Tensor& view,
                                                 const at::Tensor& slot_mapping, bool on_host);
 
-// A compressed group's pair at one slot_mapping: kv [T, 512] -> mla_view (584 B), k_idx
+// A compressed group's pair at one slot_mapping: kv [T, 512] -> mla_view (584 B, or 528 B with
+// format "v41_mxfp8"), k_idx
 // [T, 128] -> indexer_view: MXFP4 (68 B, `mxfp4`) or V4's fp8 indexer (`fp8`, with its bf16
 // copy of k_idx). Every argument of both rows is checked before either is written.
 struct V4PairWrite {
@@ -41,7 +45,7 @@ struct V4PairWrite {
 V4PairWrite parse_v4_dsa_write(const at::Tensor& kv, const at::Tensor& mla_view,
                                const at::Tensor& k_idx, const at::Tensor& indexer_view,
                                const at::Tensor& slot_mapping, std::string_view scale_floor,
-                               std::string_view indexer, bool on_host);
+                               std::string_view indexer, std::string_view format, bool on_host);
 
 V4GatherParams parse_gather_v4(const at::Tensor& view, const GatherSource& src,
                                std::string_view format, const at::Tensor& out, bool validate);
@@ -51,6 +55,7 @@ struct WindowSource {
 };
 V4WindowGatherParams parse_gather_v4_window(const at::Tensor& c_view, const at::Tensor& swa_view,
                                             const WindowSource& src, int64_t ratio,
-                                            int64_t window, const at::Tensor& out, bool validate);
+                                            int64_t window, const at::Tensor& out, bool validate,
+                                            std::string_view format);
 
 }  // namespace kvc

@@ -154,7 +154,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def v4_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mla", choices=("fp8_ds_mla", "flashinfer_fp8"), default="fp8_ds_mla",
+    p.add_argument("--mla", choices=("fp8_ds_mla", "flashinfer_fp8", "v41_mxfp8"), default="fp8_ds_mla",
                    help="DeepSeek-V4 KV row layout (default: %(default)s)")
     p.add_argument("--indexer", choices=("mxfp4", "fp8"), default="mxfp4",
                    help="DeepSeek-V4 indexer row (default: %(default)s)")

@@ -20,17 +20,18 @@ from .args import check_out_kind, flat_rows, gather_rows, validate_default
 from .gathers import gather_kv
 from .library import ops as _ops
 
-V4_DIM = {"fp8_ds_mla_v4": 512, "mxfp4": 128}
-V4_ROW_BYTES = {"fp8_ds_mla_v4": 584, "mxfp4": 68}
+V4_DIM = {"fp8_ds_mla_v4": 512, "v41_mxfp8": 512, "mxfp4": 128}
+V4_ROW_BYTES = {"fp8_ds_mla_v4": 584, "v41_mxfp8": 528, "mxfp4": 68}
 SWA_WINDOW = 128  # SPEC 10: the SWA cache keeps a request's last 128 tokens
 
 
 def v4_mla_quant_and_cache(kv: torch.Tensor, view: torch.Tensor, slot_mapping: torch.Tensor,
-                           scale_floor: str = "amax") -> None:
-    """kv [T, 512] (448 NoPE + 64 RoPE; bf16, fp16 or fp32) -> 584-B rows at slot_mapping.
-    scale_floor="scale" floors the tile scale at 1e-4 (vLLM's CuTe DSL compressor) instead of
-    the amax (canonical)."""
-    _ops.v4_mla_quant_and_cache(kv, view, slot_mapping, scale_floor)
+                           scale_floor: str = "amax", *, fmt: str = "fp8_ds_mla_v4") -> None:
+    """kv [T, 512] (448 NoPE + 64 RoPE; bf16, fp16 or fp32) -> 584-B rows at slot_mapping, or
+    DeepSeek-V4.1's 528-B MXFP8 rows with fmt="v41_mxfp8". scale_floor="scale" floors the tile
+    scale at 1e-4 (vLLM's CuTe DSL compressor; FlashMLA's V4.1 reference) instead of the amax
+    (canonical, vLLM's writers)."""
+    _ops.v4_mla_quant_and_cache(kv, view, slot_mapping, scale_floor, fmt)
 
 
 def mxfp4_quant_and_cache(k: torch.Tensor, view: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -48,19 +49,20 @@ def v4_indexer_quant_and_cache(k: torch.Tensor, view: torch.Tensor,
 
 def v4_dsa_write(kv: torch.Tensor, mla_view: torch.Tensor, k_idx: torch.Tensor,
                  indexer_view: torch.Tensor, slot_mapping: torch.Tensor, *, indexer: str = "mxfp4",
-                 scale_floor: str = "amax") -> None:
+                 scale_floor: str = "amax", fmt: str = "fp8_ds_mla_v4") -> None:
     """A compressed group's pair at one slot_mapping (for a C4 layer, kvc.slot_mapping(...,
     compress_ratio=4): only tokens closing a window write): kv [T, 512] -> 584-B main-KV rows,
     k_idx [T, 128] -> indexer rows, "mxfp4" (68 B, both rows in one launch) or "fp8" (V3.2's
     132-B row with scale_fmt="ue8m0", placement="split", of k_idx rounded to bf16: two
-    launches). Every argument of both rows is checked before either is written."""
-    _ops.v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping, scale_floor, indexer)
+    launches). fmt="v41_mxfp8": the main-KV rows are DeepSeek-V4.1's 528-B ones. Every argument
+    of both rows is checked before either is written."""
+    _ops.v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping, scale_floor, indexer, fmt)
 
 
 def _v4_out(view: torch.Tensor, rows: tuple[int, ...], fmt: str, raw: bool,
             dtype: torch.dtype | None) -> torch.Tensor:
     if fmt not in V4_DIM:
-        raise ValueError(f'format must be "fp8_ds_mla_v4" or "mxfp4", got {fmt!r}')
+        raise ValueError(f'format must be "fp8_ds_mla_v4", "v41_mxfp8" or "mxfp4", got {fmt!r}')
     if raw:
         return torch.empty(*rows, V4_ROW_BYTES[fmt], dtype=torch.uint8, device=view.device)
     return torch.empty(*rows, V4_DIM[fmt], dtype=dtype or torch.bfloat16, device=view.device)
@@ -132,7 +134,8 @@ def gather_compressed_and_swa(c_view: torch.Tensor, c_block_table: torch.Tensor,
                               seq_lens: torch.Tensor, *, window: int = SWA_WINDOW,
                               dtype: torch.dtype | None = None, raw: bool = False,
                               out: torch.Tensor | None = None, cu_out: torch.Tensor | None = None,
-                              validate: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                              validate: bool | None = None,
+                              fmt: str = "fp8_ds_mla_v4") -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's dequantize_and_gather_k_cache: per request, its L // ratio compressed rows (row c
     holds tokens c * ratio .. (c + 1) * ratio - 1) then its last min(L, window) SWA rows, requests
     concatenated. Returns (out [cu_out[-1], 512], cu_out int32 [R + 1]); request r's rows are
@@ -143,9 +146,9 @@ def gather_compressed_and_swa(c_view: torch.Tensor, c_block_table: torch.Tensor,
     if cu_out is None:
         cu_out = window_rows(seq_lens, ratio, window)
     if out is None:
-        out = _v4_out(c_view, (int(cu_out[-1]),), "fp8_ds_mla_v4", raw, dtype)
+        out = _v4_out(c_view, (int(cu_out[-1]),), fmt, raw, dtype)
     _ops.gather_v4_window(c_view, c_block_table, swa_view, swa_block_table, seq_lens.to(torch.int32),
-                          cu_out, ratio, window, out, validate_default(validate, c_view))
+                          cu_out, ratio, window, out, validate_default(validate, c_view), fmt)
     return out, cu_out
 
 

@@ -111,8 +111,13 @@ def v4_rows(mla: str = "fp8_ds_mla", indexer: str = "mxfp4") -> dict[str, tuple]
         kv, align, state_align = (448 + 64 * 2 + 8, (448 + 64 * 2, 8)), 576, 576
     elif mla == "flashinfer_fp8":
         kv, align, state_align = (512, None), 512, 1  # per-tensor e4m3 rows; states unpadded
+    elif mla == "v41_mxfp8":
+        # DeepSeek-V4.1 (FlashMLA's V4.1 record, vLLM PR #56893, SM100): 512 e4m3 codes (RoPE
+        # quantized too), then 16 UE8M0 scales, one per 32 values: split (512, 16), pages padded
+        # to 512 B; states as the FlashInfer layout's (unpadded: the PR does not pad them)
+        kv, align, state_align = (512 + 16, (512, 16)), 512, 1
     else:
-        raise ValueError(f"mla must be 'fp8_ds_mla' or 'flashinfer_fp8', got {mla!r}")
+        raise ValueError(f"mla must be 'fp8_ds_mla', 'flashinfer_fp8' or 'v41_mxfp8', got {mla!r}")
     if indexer == "mxfp4":
         idx = (64 + 4, (64, 4))    # 128 e2m1 values in 64 bytes, then 4 UE8M0 scales
     elif indexer == "fp8":
@@ -127,7 +132,10 @@ def v4_rows(mla: str = "fp8_ds_mla", indexer: str = "mxfp4") -> dict[str, tuple]
 
 
 def deepseek_v4(model: str = "pro", mla: str = "fp8_ds_mla", indexer: str = "mxfp4") -> list:
-    """DeepSeek-V4 caches as a list of CacheGroup (whole model; plan_cache(groups=...)).
+    """DeepSeek-V4 caches as a list of CacheGroup (whole model; plan_cache(groups=...)). mla:
+    the main-KV record -- "fp8_ds_mla" (584 B), "flashinfer_fp8" (512-B per-tensor e4m3 rows) or
+    "v41_mxfp8" (DeepSeek-V4.1's 528-B MXFP8 record, which vLLM writes on SM100 only: the format
+    is the engine's choice).
 
     V4-Pro's groups are SPEC 10's (vLLM's): main = 30 C4 KV + 30 C4 indexer + 31 C128 KV
     (block 256), SWA groups of 31 and 30 layers (block 64), C4 states = 30 main + 30 indexer

@@ -14,6 +14,13 @@ Rules (SPEC 10 unless said otherwise; vLLM file names as SPEC gives them):
   |x| >= 248 x 2^120 has e = 120 and rounds to code 256, which decodes to 2^128 = inf.
   scale_floor="scale" (CuTe DSL compressor, byte 114 for a zero tile) is offered for
   bit-compatibility; "amax" (byte 105) is canonical.
+- V4.1 MXFP8 record, 528 B (FlashMLA's V4.1 record; vLLM PR #56893's writer
+  _quantize_and_insert_k_mxfp8_kernel): all 512 post-RoPE values (RoPE quantized too) in 16
+  tiles of 32, each tile's e and byte by the 584-B row's rule (amax floor 1e-4 as vLLM's writer;
+  scale_floor="scale" floors the scale instead, as FlashMLA's and SGLang's references do),
+  codes e4m3(x / 2^e); data = 512 codes, footer = 16 scale bytes. NaN -> 0x7F, a tile holding
+  +-inf gets byte 255 (as the 584-B row here). Pages are padded to 512 B (none for block sizes
+  that are multiples of 32).
 - MXFP4 indexer, 68 B: per 32 values e = clamp(ceil_log2(max(amax, 6 * 2^-126) / 6), -127,
   127), byte e + 127, v = x * 2^-e (fp32), e2m1 (RNE, saturate +-6; element 2i low nibble,
   2i+1 high). NaN -> 0x7 (+6, cvt.rn.satfinite.e2m1x2.f32), -tiny -> 0x8 (-0). A tile holding
@@ -31,38 +38,19 @@ from __future__ import annotations
 
 import torch
 
-from .v32 import (FP8_MAX, INDEXER_AMAX_FLOOR, _split, _valid, amax, canonical_nan,
+from .pages import ceil_log2, pow2, read_split, write_split
+from .v32 import (FP8_MAX, INDEXER_AMAX_FLOOR, _valid, amax, canonical_nan,
                   e4m3_decode, e4m3_encode, gather_slots, indexer_rows, read_indexer,
                   read_rows, to_bf16, write_indexer, write_rows)
 
 V4_NOPE, V4_ROPE, V4_TILE = 448, 64, 64
+V41_TILE, V41_SCALES = 32, 16                                  # split (512, 16), 528 B
 V4_MLA_DATA, V4_MLA_SCALES = V4_NOPE + 2 * V4_ROPE, 8          # split (576, 8), 584 B
 V4_AMAX_FLOOR = 1e-4                                           # all-zero tile -> byte 105
 V4_SCALE_FLOOR = 1e-4                                          # scale_floor="scale" -> byte 114
 MXFP4_BLOCK, MXFP4_MAX = 32, 6.0
 MXFP4_AMAX_FLOOR = 6.0 * 2.0 ** -126                           # all-zero block -> byte 1
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)          # codes 0..7; bit 3 = sign
-
-
-# ---- powers of two from the bits --------------------------------------------------------------
-def ceil_log2(s: torch.Tensor) -> torch.Tensor:
-    """int64 ceil(log2(s)) of positive fp32 s, exactly from the bits; +inf -> 128.
-
-    Normal s = 1.M x 2^(E-127): E - 127 + (M != 0). Subnormal s = M x 2^-149:
-    bitlength(M - 1) - 149. (exp2(ceil(log2(s))) in fp32 misses s = 2^k (1 + 2^-23), where
-    log2 rounds to k.)"""
-    bits = s.float().contiguous().view(torch.int32).to(torch.int64)
-    exp, man = (bits >> 23) & 0xFF, bits & 0x7FFFFF
-    normal = exp - 127 + (man != 0).to(torch.int64)
-    # bitlength(n) for 0 <= n < 2^23: frexp of the exactly converted float64
-    bitlen = torch.frexp((man - 1).clamp(min=0).to(torch.float64)).exponent.to(torch.int64)
-    return torch.where(exp == 0, bitlen - 149, normal)
-
-
-def pow2(e: torch.Tensor) -> torch.Tensor:
-    """fp32 2^e for integer e (2^128 -> inf, 2^-127 a subnormal: both exact IEEE results)."""
-    return torch.ldexp(torch.ones(e.shape, dtype=torch.float64, device=e.device),
-                       e.to(torch.int64)).float()
 
 
 def _bf16(x: torch.Tensor) -> torch.Tensor:
@@ -74,19 +62,23 @@ def _check_shape(name: str, x: torch.Tensor, width: int) -> None:
         raise ValueError(f"{name} must be [T, {width}], got shape {tuple(x.shape)}")
 
 
-# ---- V4 fp8_ds_mla, 584 B ---------------------------------------------------------------------
-def v4_mla_exponents(kv: torch.Tensor, scale_floor: str = "amax") -> torch.Tensor:
-    """[T, 512] -> int64 [T, 7] tile exponents e (byte = clamp(e + 127, 0, 255))."""
-    t = kv.shape[0]
-    a = amax(_bf16(kv)[:, :V4_NOPE].float().reshape(t, 7, V4_TILE))
-    floor = torch.tensor(V4_AMAX_FLOOR, dtype=torch.float32)
+def _tile_exponents(a: torch.Tensor, scale_floor: str) -> torch.Tensor:
+    """NaN-free tile amaxes -> int64 exponents: ceil_log2 of max(amax, 1e-4) / 448 (canonical)
+    or of max(amax / 448, 1e-4) (scale_floor="scale")."""
     if scale_floor == "amax":
-        s = torch.maximum(a, floor) / FP8_MAX
+        s = torch.maximum(a, torch.tensor(V4_AMAX_FLOOR, dtype=torch.float32)) / FP8_MAX
     elif scale_floor == "scale":
         s = torch.maximum(a / FP8_MAX, torch.tensor(V4_SCALE_FLOOR, dtype=torch.float32))
     else:
         raise ValueError(f'scale_floor must be "amax" or "scale", got {scale_floor!r}')
     return ceil_log2(s)
+
+
+# ---- V4 fp8_ds_mla, 584 B ---------------------------------------------------------------------
+def v4_mla_exponents(kv: torch.Tensor, scale_floor: str = "amax") -> torch.Tensor:
+    """[T, 512] -> int64 [T, 7] tile exponents e (byte = clamp(e + 127, 0, 255))."""
+    t = kv.shape[0]
+    return _tile_exponents(amax(_bf16(kv)[:, :V4_NOPE].float().reshape(t, 7, V4_TILE)), scale_floor)
 
 
 def v4_mla_rows(kv: torch.Tensor, scale_floor: str = "amax") -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +105,45 @@ def v4_mla_dequant(data: torch.Tensor, scales: torch.Tensor,
     if dtype == torch.bfloat16:
         return torch.cat([to_bf16(nope), rope], dim=1)
     return canonical_nan(torch.cat([nope, rope.float()], dim=1)).to(dtype)
+
+
+# ---- V4.1 MXFP8 record, 528 B -----------------------------------------------------------------
+def v41_rows(kv: torch.Tensor, scale_floor: str = "amax") -> tuple[torch.Tensor, torch.Tensor]:
+    """kv [T, 512] (448 NoPE + 64 RoPE, all quantized) -> (data uint8 [T, 512], scales uint8
+    [T, 16]): tile k = values 32k .. 32k + 31."""
+    _check_shape("kv", kv, V4_NOPE + V4_ROPE)
+    x = _bf16(kv).float().reshape(kv.shape[0], V41_SCALES, V41_TILE)
+    e = _tile_exponents(amax(x), scale_floor)
+    data = e4m3_encode(x / pow2(e).unsqueeze(-1)).reshape(kv.shape[0], 512)
+    return data, (e + 127).clamp(0, 255).to(torch.uint8)
+
+
+def v41_dequant(data: torch.Tensor, scales: torch.Tensor,
+                dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """(data [T, 512], scales [T, 16]) -> [T, 512]: code x 2^(byte - 127)."""
+    t = data.shape[0]
+    scale = pow2(scales.to(torch.int64) - 127).unsqueeze(-1)
+    vals = (e4m3_decode(data.reshape(t, V41_SCALES, V41_TILE)) * scale).reshape(t, 512)
+    return to_bf16(vals) if dtype == torch.bfloat16 else canonical_nan(vals).to(dtype)
+
+
+def v41_write(view: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor,
+              scale_floor: str = "amax") -> None:
+    """Quantize kv[:T] (T = slots.numel()) into a 528-B split view."""
+    data, scales = v41_rows(kv[: slots.numel()], scale_floor)
+    write_split(view, slots, data, scales)
+
+
+def v41_read(view: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
+             raw: bool = False):
+    """Rows at slots: raw=True -> (data [T, 512], scales [T, 16]); else [T, 512] values (slot -1
+    -> a zero row)."""
+    data, scales = read_split(view, slots, (512, V41_SCALES))
+    if raw:
+        return data, scales
+    out = v41_dequant(data, scales, dtype)
+    out[~_valid(view, slots.reshape(-1).to(view.device))] = 0
+    return out
 
 
 # ---- MXFP4 indexer, 68 B ----------------------------------------------------------------------
@@ -157,51 +188,6 @@ def mxfp4_dequant(packed: torch.Tensor, scales: torch.Tensor,
     codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(t, 4, MXFP4_BLOCK)
     out = (e2m1_decode(codes) * pow2(scales.to(torch.int64) - 127).unsqueeze(-1)).reshape(t, 128)
     return to_bf16(out) if dtype == torch.bfloat16 else canonical_nan(out).to(dtype)
-
-
-# ---- split pages ------------------------------------------------------------------------------
-def _split_pages(view: torch.Tensor) -> torch.Tensor:
-    """A one-head view [num_blocks, 1, rows, C] as [num_blocks, rows * C] contiguous pages."""
-    nb, h, rows, c = view.shape
-    if h != 1:
-        raise ValueError(f"a split page has one head, got view with {h} heads")
-    if view.stride(2) != c or view.stride(3) != 1:
-        raise ValueError(f"view must have contiguous pages (row stride {c} bytes), got strides "
-                         f"{view.stride()}")
-    return torch.as_strided(view, (nb, rows * c), (view.stride(0), 1))
-
-
-def write_split(view: torch.Tensor, slots: torch.Tensor, first: torch.Tensor,
-                last: torch.Tensor) -> None:
-    """Rows split (a, b) = (first [T, a], last [T, b]) into a split view; slots < 0 skipped."""
-    a, b = first.shape[1], last.shape[1]
-    if a + b != view.shape[3]:
-        raise ValueError(f"split ({a}, {b}) must add up to the view's row bytes {view.shape[3]}")
-    pages = _split_pages(view)  # raises before anything is written
-    slots = slots.reshape(-1).to(view.device)
-    keep = _valid(view, slots)
-    blk, pos = _split(view, slots[keep])
-    rows, dev = view.shape[2], view.device
-    blk, pos = blk[:, None], pos[:, None]
-    pages[blk, pos * a + torch.arange(a, device=dev)] = first[keep.to(first.device)].to(dev)
-    last = last[keep.to(last.device)].to(dev)
-    pages[blk, rows * a + pos * b + torch.arange(b, device=dev)] = last
-
-
-def read_split(view: torch.Tensor, slots: torch.Tensor,
-               split: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(first [T, a], last [T, b]) of the rows at slots; invalid slots read as zeros."""
-    a, b = split
-    pages = _split_pages(view)
-    slots = slots.reshape(-1).to(view.device)
-    keep = _valid(view, slots)
-    blk, pos = _split(view, torch.where(keep, slots, torch.zeros_like(slots)))
-    rows, dev = view.shape[2], view.device
-    blk, pos = blk[:, None], pos[:, None]
-    first = pages[blk, pos * a + torch.arange(a, device=dev)].clone()
-    last = pages[blk, rows * a + pos * b + torch.arange(b, device=dev)].clone()
-    first[~keep], last[~keep] = 0, 0
-    return first, last
 
 
 # ---- writes and reads of each format ---------------------------------------------------------
@@ -303,7 +289,7 @@ def state_read(view: torch.Tensor, slots: torch.Tensor, width: int,
 def gather_compressed_and_swa(c_view: torch.Tensor, c_block_table: torch.Tensor, ratio: int,
                               swa_view: torch.Tensor, swa_block_table: torch.Tensor,
                               seq_lens: torch.Tensor, window: int = 128,
-                              dtype: torch.dtype = torch.bfloat16):
+                              dtype: torch.dtype = torch.bfloat16, fmt: str = "fp8_ds_mla_v4"):
     """Per request, its compressed K then its SWA window, dequantized; requests concatenated.
 
     Request r of length L = seq_lens[r] contributes n_c + n_w rows of 512 values:
@@ -323,7 +309,8 @@ def gather_compressed_and_swa(c_view: torch.Tensor, c_block_table: torch.Tensor,
             blocks = bt[r].cpu().to(torch.int64)[pos // rows]
             slots.append(torch.where(blocks >= 0, blocks * rows + pos % rows, -1))
         cu.append(cu[-1] + n_c + n_w)
-    parts = [v4_mla_read(view, s.to(view.device), dtype)
+    read = v41_read if fmt == "v41_mxfp8" else v4_mla_read
+    parts = [read(view, s.to(view.device), dtype)
              for i, s in enumerate(slots) for view in [(c_view, swa_view)[i % 2]]]
     out = torch.cat(parts) if parts else torch.zeros(0, 512, dtype=dtype, device=c_view.device)
     return out, torch.tensor(cu, dtype=torch.int64)

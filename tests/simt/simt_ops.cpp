@@ -105,8 +105,8 @@ void gather_indexer(const Tensor& view, const OptT& block_table, const OptT& cu_
 }
 
 void v4_mla_quant_and_cache(const Tensor& kv, const Tensor& view, const Tensor& slot_mapping,
-                            const std::string& scale_floor) {
-  const auto p = kvc::parse_v4_mla_quant_and_cache(kv, view, slot_mapping, scale_floor, kCuda);
+                            const std::string& scale_floor, const std::string& format) {
+  const auto p = kvc::parse_v4_mla_quant_and_cache(kv, view, slot_mapping, scale_floor, format, kCuda);
   if (p.num_tokens) kvc::cuda::dispatch_v4_write(p, Launch{});
 }
 
@@ -122,9 +122,10 @@ void v4_indexer_quant_and_cache(const Tensor& k, const Tensor& view, const Tenso
 
 void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
                   const Tensor& indexer_view, const Tensor& slot_mapping,
-                  const std::string& scale_floor, const std::string& indexer) {
+                  const std::string& scale_floor, const std::string& indexer,
+                  const std::string& format) {
   const auto a = kvc::parse_v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping,
-                                         scale_floor, indexer, kCuda);
+                                         scale_floor, indexer, format, kCuda);
   if (!a.mla.num_tokens) return;
   if (a.fp8_indexer) {  // the op's CUDA branch: one parse, then both kernels
     kvc::cuda::dispatch_v4_write(a.mla, Launch{});
@@ -144,10 +145,10 @@ void gather_v4(const Tensor& view, const OptT& block_table, const OptT& cu_seq_l
 
 void gather_v4_window(const Tensor& c_view, const Tensor& c_block_table, const Tensor& swa_view,
                       const Tensor& swa_block_table, const Tensor& seq_lens, const Tensor& cu_out,
-                      int64_t ratio, int64_t window, const Tensor& out) {
+                      int64_t ratio, int64_t window, const Tensor& out, const std::string& format) {
   const auto p = kvc::parse_gather_v4_window(
       c_view, swa_view, {c_block_table, swa_block_table, seq_lens, cu_out}, ratio, window, out,
-      kCuda);
+      kCuda, format);
   if (p.num_tokens) kvc::cuda::dispatch_v4_window_gather(p, Launch{});
 }
 
@@ -198,15 +199,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("cu_seq_lens"), pybind11::arg("seq_starts"), pybind11::arg("out"),
         pybind11::arg("scale"), pybind11::arg("slots") = std::nullopt);
   m.def("copy_spans", &copy_spans);
-  m.def("v4_mla_quant_and_cache", &v4_mla_quant_and_cache);
+  m.def("v4_mla_quant_and_cache", &v4_mla_quant_and_cache, pybind11::arg("kv"), pybind11::arg("view"),
+        pybind11::arg("slot_mapping"), pybind11::arg("scale_floor") = "amax",
+        pybind11::arg("format") = "fp8_ds_mla_v4");
   m.def("mxfp4_quant_and_cache", &mxfp4_quant_and_cache);
   m.def("v4_indexer_quant_and_cache", &v4_indexer_quant_and_cache);
   m.def("state_write", &state_write);
   m.def("v4_dsa_write", &v4_dsa_write, pybind11::arg("kv"), pybind11::arg("mla_view"),
         pybind11::arg("k_idx"), pybind11::arg("indexer_view"), pybind11::arg("slot_mapping"),
-        pybind11::arg("scale_floor"), pybind11::arg("indexer") = "mxfp4");
+        pybind11::arg("scale_floor"), pybind11::arg("indexer") = "mxfp4",
+        pybind11::arg("format") = "fp8_ds_mla_v4");
   m.def("gather_v4", &gather_v4);
-  m.def("gather_v4_window", &gather_v4_window);
+  m.def("gather_v4_window", &gather_v4_window, pybind11::arg("c_view"), pybind11::arg("c_block_table"),
+        pybind11::arg("swa_view"), pybind11::arg("swa_block_table"), pybind11::arg("seq_lens"),
+        pybind11::arg("cu_out"), pybind11::arg("ratio"), pybind11::arg("window"), pybind11::arg("out"),
+        pybind11::arg("format") = "fp8_ds_mla_v4");
   m.def("canonical_nan_codes", &canonical_nan_codes);
   m.def("exact_recip", &exact_recip);
 }
