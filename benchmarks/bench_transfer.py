@@ -18,9 +18,14 @@ BLHNC/64 -> BLHNC/16. For each:
   keeps its Endpoint open, next to one large NIXL read of the same bytes with the same agents;
 - torch.distributed (gloo) send/recv of the same bytes between the same two processes.
 
-Targets (shown, not asserted): spans == the minimum; NIXL reads of block-outer requests
-(BLHNC -> BLHNC) >= 70 % of the single large read; local copy_spans of cases whose spans are all
->= 4 KiB >= 80 % of memcpy. Writes bench_transfer_<device>.md / .json / .png under --out.
+NIXL reads take the Endpoint's own choice of path (kvcache_ext/nixl/paths.py: staged for many
+small spans); each row says which path and how many pieces NIXL posted, and a new peer's first
+read (handshake, registration, first transfer) is timed on its own.
+
+Targets (shown, not asserted): spans == the minimum; every NIXL read >= 80 % of the one large
+read timed interleaved with it (a yardstick whose spread is over 20 % is marked); local copy_spans
+of cases whose spans are all >= 4 KiB >= 80 % of memcpy. Writes bench_transfer_<device>.md /
+.json / .png under --out.
 """
 from __future__ import annotations
 
@@ -240,20 +245,35 @@ def nixl_rows(cases, tokens, layers, repeats, dst_caches, gloo: bool) -> tuple[l
             spans = c_spans(c, peer.plan, ep.plan, tokens)
             nbytes = int(spans[:, 2].sum())
             big = torch.tensor([[0, 0, nbytes]])
-            fns[(c, "spans")] = lambda ep=ep, peer=peer, spans=spans: ep.read(peer, spans).wait(
-                WAIT_S)
+            last = {}
+
+            def read_spans(ep=ep, peer=peer, spans=spans, last=last):
+                h = ep.read(peer, spans)
+                h.wait(WAIT_S)
+                last["stats"] = h.stats
+            fns[(c, "spans")] = read_spans
             fns[(c, "big")] = lambda ep=ep, peer=peer, big=big: ep.read(peer, big).wait(WAIT_S)
             fns[(c, "plan")] = lambda c=c, peer=peer, ep=ep: c_spans(c, peer.plan, ep.plan, tokens)
-            runs.append((c, spans, nbytes))
+            runs.append((c, spans, nbytes, last))
+        first = {}
+        for c, spans, _, _ in runs:  # a new peer's first read: handshake and first transfer
+            t0 = time.perf_counter()
+            with kn.Endpoint(f"first-{c[2]}-{c[3]}", dst_caches[(c[2], c[3])]) as fresh:
+                fresh.read(fresh.add_peer(blobs[c[0]]), spans).wait(WAIT_S)
+                first[c] = time.perf_counter() - t0
         t = interleaved(fns, repeats)
-        for c, spans, nbytes in runs:
+        for c, spans, nbytes, last in runs:
             r, b = median_gbps(t[(c, "spans")], nbytes), median_gbps(t[(c, "big")], nbytes)
+            st = last["stats"]
             rows.append({"case": case_name(c), "spans": int(spans.shape[0]), "bytes": nbytes,
                          "nixl": r, "nixl_big": b, "pct_big": 100.0 * r["gbps"] / b["gbps"],
-                         "plan_ms": 1e3 * statistics.median(t[(c, "plan")])})
-            print(f"nixl  {case_name(c):<26} {spans.shape[0]:>6} spans {r['gbps']:6.2f} GB/s, "
-                  f"one large read {b['gbps']:6.2f} GB/s ({rows[-1]['pct_big']:.0f} %), spans "
-                  f"planned in {rows[-1]['plan_ms']:.1f} ms", flush=True)
+                         "plan_ms": 1e3 * statistics.median(t[(c, "plan")]),
+                         "path": st.path, "pieces": st.pieces, "first_read_ms": 1e3 * first[c],
+                         "stats": st.as_dict()})
+            print(f"nixl  {case_name(c):<26} {spans.shape[0]:>6} spans {r['gbps']:6.2f} GB/s "
+                  f"({st.path}, {st.pieces} pieces), one large read {b['gbps']:6.2f} GB/s "
+                  f"({rows[-1]['pct_big']:.0f} %), spans planned in {rows[-1]['plan_ms']:.1f} ms, "
+                  f"first read of a new peer {rows[-1]['first_read_ms']:.0f} ms", flush=True)
         if gloo:
             import torch.distributed as dist
             nbytes = rows[0]["bytes"]

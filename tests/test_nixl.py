@@ -157,6 +157,88 @@ def test_bad_input(peer, reader):
         closed.metadata()
 
 
+@pytest.mark.parametrize("path", ["plain", "prepared", "strided", "staged", "auto"])
+def test_every_path_moves_the_same_bytes(peer, reader, path):
+    """The request through each way to NIXL (paths.py): poisoned rows first, the same gathers
+    after; the stats say which way it went and what NIXL was handed."""
+    owner = peer_of(reader, peer.blob)
+    b_table = torch.tensor([37, 2, 901, 14, 15, 600, 333, 8, 1000, 77], dtype=torch.int32)
+    there = kvc.TransferPlan(owner.plan, reader.plan).token_spans(
+        torch.tensor(P.TABLE, dtype=torch.int32), b_table, P.TOKENS)
+    reader.cache.buffer.fill_(0xA5)
+    h = reader.read(owner, there, path=path)
+    h.wait(WAIT_S)
+    assert_gathers_equal(P.gathers(reader.cache, b_table.tolist()), peer.gathers)
+    st = h.stats
+    assert st.path == ("plain" if path == "auto" else path)  # 60 spans: too few to stage
+    assert st.spans == there.shape[0] == 60 and st.bytes == P.TOKENS * P.LAYERS * 788
+    assert st.parts == 1 and st.pieces > 0 and st.move_s > 0 and st.build_s > 0
+    if path == "staged":  # three source blocks' pages (and the gaps between them) in extents
+        assert st.pieces < 60 and st.staged_bytes >= st.bytes and st.unpack_s > 0
+    else:
+        assert st.pieces == 60 and st.staged_bytes == 0
+    if path != "staged":  # and back, the same way
+        back = kvc.TransferPlan(reader.plan, owner.plan).token_spans(
+            b_table, torch.tensor(P.BACK_TABLE, dtype=torch.int32), P.TOKENS)
+        reader.write(owner, back, path=path).wait(WAIT_S)
+        peer.commands.put(("check_back",))
+        assert reply(peer, "checked")[1] is True
+
+
+def test_auto_stages_many_small_spans_in_parts(peer, reader, monkeypatch):
+    """The 25 MB read of 16-token runs: auto stages it (6,140 spans of 2-10 KiB); in parts of 4 MiB
+    it takes several parts through two staging halves, and the bytes are the same."""
+    owner = peer_of(reader, peer.blob)
+    src_t = torch.arange(P.NUM_BLOCKS, dtype=torch.int32)
+    dst_t = torch.randperm(4 * P.NUM_BLOCKS, generator=torch.Generator().manual_seed(3))
+    dst_t = dst_t.to(torch.int32)
+    spans = kvc.TransferPlan(owner.plan, reader.plan).token_spans(src_t, dst_t, P.NUM_BLOCKS * 64)
+    mapped = [int(dst_t[4 * b + j]) for b in P.TABLE for j in range(4)]
+    for part_bytes in (kn.paths.STAGE_PART_BYTES, 4 << 20):
+        monkeypatch.setattr(kn.paths, "STAGE_PART_BYTES", part_bytes)
+        reader.cache.buffer.fill_(0x5A)
+        h = reader.read(owner, spans)
+        h.wait(WAIT_S)
+        assert h.stats.path == "staged"
+        assert h.stats.parts == -(-owner.nbytes // part_bytes)
+        assert h.stats.pieces < spans.shape[0] // 100
+        assert_gathers_equal(P.gathers(reader.cache, mapped), peer.gathers)
+    with pytest.raises(ValueError, match="staged.*reads only"):
+        reader.write(owner, spans[:1], path="staged")
+    with pytest.raises(ValueError, match="path must be one of"):
+        reader.read(owner, spans, path="fast")
+
+
+def test_prepared_lists_live_with_their_peer(peer, reader):
+    """A peer's prepared lists are made on first use, reused, and released with the peer; its
+    old Peer is refused after it was removed (and a transfer in flight fails, not goes on)."""
+    owner = peer_of(reader, peer.blob)
+    spans = torch.tensor([[0, 0, 4096], [4096, 4096, 4096]])  # NIXL merges them into one
+    first = reader.read(owner, spans, path="prepared")
+    first.wait(WAIT_S)
+    again = reader.read(owner, spans, path="prepared")
+    again.wait(WAIT_S)
+    assert first.stats.prepared and not again.stats.prepared and again.stats.pieces == 1
+    assert any(k[0] == "owner" for k in reader._peer_grids)
+    reader.remove_peer(owner)
+    assert not any(k[0] == "owner" for k in reader._peer_grids)
+    with pytest.raises(ValueError, match="returned by this Endpoint's add_peer"):
+        reader.read(owner, spans, path="prepared")
+    fresh = reader.add_peer(peer.blob)
+    h = reader.read(fresh, spans, path="prepared")
+    h.wait(WAIT_S)
+    assert h.stats.prepared
+    big = kvc.TransferPlan(fresh.plan, reader.plan).token_spans(
+        torch.arange(P.NUM_BLOCKS, dtype=torch.int32),
+        torch.arange(4 * P.NUM_BLOCKS, dtype=torch.int32), P.NUM_BLOCKS * 64)
+    h = reader.read(fresh, big, path="plain")
+    reader.remove_peer(fresh)
+    if not h._done:
+        with pytest.raises(kn.NixlError, match="was removed during the READ"):
+            h.wait(WAIT_S)
+    reader.add_peer(peer.blob)
+
+
 def test_peer_gone_raises(peer, reader):
     """The peer process ends without closing anything: the next read raises (PeerGoneError or
     a NIXL error), or times out -- within a bounded time, never a hang. Runs last."""

@@ -98,6 +98,10 @@ def cases(device: str):
         "copy_spans": (OPS.copy_spans, (cache.buffer, other.buffer, spans)),
         "check_spans": (OPS.check_spans, (spans, cache.buffer.numel(), other.buffer.numel(), False)),
         "check_slot_mapping": (OPS.check_slot_mapping, (slots, mla)),
+        "runs_of_spans": (OPS.runs_of_spans, (spans, torch.empty(spans.shape[0], 6, dtype=torch.long),
+                                              torch.zeros(1, dtype=torch.long))),
+        "check_runs": (OPS.check_runs, (torch.tensor([[0, 0, 8, 16, 16, 3]]), cache.buffer.numel(),
+                                        other.buffer.numel())),
     }
 
 

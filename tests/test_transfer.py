@@ -13,6 +13,7 @@ from transfer_oracle import (expected_dst, min_spans, min_spans_rows, moved_rows
                              token_pairs_of_blocks, token_pairs_of_tables)
 
 BLOCK_SIZES = [1, 2, 3, 4, 8]
+HNC_LAYOUTS = [x for x in kvc.LAYOUTS if x.endswith("NC")]  # N right inside C: a page per head
 
 
 # ---- random plan pairs ----------------------------------------------------------------------
@@ -20,19 +21,23 @@ BLOCK_SIZES = [1, 2, 3, 4, 8]
 def transfer_cases(draw):
     n_specs = draw(st.integers(1, 3))
     src_specs, dst_specs, layers, heads, names = [], [], {}, {}, []
+    hnc_only = False  # a split spec with several heads needs a page per head
     for i in range(n_specs):
         name = f"s{i}"
         row = draw(st.integers(1, 9))
         sl, dl = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-        split = None
+        split, major = None, None
+        sh, dh = draw(st.integers(1, 3)), draw(st.integers(1, 3))
         if row >= 2 and draw(st.booleans()):
             a = draw(st.integers(1, row - 1))
             split = (a, row - a)
-            sh = dh = 1
-        else:
-            sh, dh = draw(st.integers(1, 3)), draw(st.integers(1, 3))
-        src_specs.append(kvc.CacheSpec(name, row, sl, sh, split=split))
-        dst_specs.append(kvc.CacheSpec(name, row, dl, dh, split=split))
+            if draw(st.booleans()):  # the first part channel-major (vLLM CPU's K)
+                major = draw(st.sampled_from([e for e in (1, 2, 3) if a % e == 0]))
+            if draw(st.booleans()):
+                sh = dh = 1
+            hnc_only |= sh > 1 or dh > 1
+        src_specs.append(kvc.CacheSpec(name, row, sl, sh, split=split, channel_major=major))
+        dst_specs.append(kvc.CacheSpec(name, row, dl, dh, split=split, channel_major=major))
         for given_, src_n, dst_n in ((layers, sl, dl), (heads, sh, dh)):
             if src_n != dst_n or draw(st.booleans()):  # a range (PP stage / TP rank)
                 count = draw(st.integers(1, min(src_n, dst_n)))
@@ -50,8 +55,8 @@ def transfer_cases(draw):
     nd = ns if by_blocks else draw(st.sampled_from(BLOCK_SIZES))
     return dict(src_specs=src_specs, dst_specs=dst_specs, moved=moved, layers=layers,
                 heads=heads, by_blocks=by_blocks, ns=ns, nd=nd,
-                src_layout=draw(st.sampled_from(kvc.LAYOUTS)),
-                dst_layout=draw(st.sampled_from(kvc.LAYOUTS)),
+                src_layout=draw(st.sampled_from(HNC_LAYOUTS if hnc_only else kvc.LAYOUTS)),
+                dst_layout=draw(st.sampled_from(HNC_LAYOUTS if hnc_only else kvc.LAYOUTS)),
                 default_specs=moved == names, seed=draw(st.integers(0, 2**16)),
                 num_tokens=draw(st.integers(0, 24)), src_start=draw(st.integers(0, 9)),
                 dst_start=draw(st.integers(0, 9)), extra_blocks=draw(st.integers(0, 3)),
@@ -282,8 +287,14 @@ def test_incompatible_plans_are_refused():
 def test_split_spec_is_checked():
     with pytest.raises(ValueError, match="add up to row_bytes = 132"):
         kvc.CacheSpec("indexer", 132, split=(128, 8))
-    with pytest.raises(ValueError, match="num_heads == 1"):
-        kvc.CacheSpec("kv", 132, num_heads=2, split=(128, 4))
+    two_heads = kvc.CacheSpec("kv", 132, num_heads=2, split=(128, 4))  # a page per head:
+    kvc.plan_cache([two_heads], 4, 16, "LBHNC")                           # only HNC layouts
+    with pytest.raises(ValueError, match="each head's page must be contiguous, which LBNHC"):
+        kvc.plan_cache([two_heads], 4, 16, "LBNHC")
+    with pytest.raises(ValueError, match="channel_major = 3 needs a split whose first part"):
+        kvc.CacheSpec("kv", 132, split=(128, 4), channel_major=3)
+    with pytest.raises(ValueError, match="channel_major must be None or a positive int"):
+        kvc.CacheSpec("kv", 132, split=(128, 4), channel_major=True)
     with pytest.raises(ValueError, match="two positive ints"):
         kvc.CacheSpec("indexer", 132, split=(132, 0))
     assert kvc.CacheSpec("i", 132, split=[128, 4]).split == (128, 4)

@@ -103,3 +103,25 @@ def test_split_specs_are_shown(capsys):
     assert "split" not in plain[1]  # the seed's table keeps its columns
     rc, out, err = run(["layout", "--spec", "mla:656", "--spec", "indexer:128+4"], capsys)
     assert rc == 0 and "128+4" in out, err
+
+
+@pytest.mark.parametrize("path", ["auto", "staged", "strided"])
+def test_transfer_through_nixl_prints_what_it_did(capsys, path):
+    import os
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    try:
+        import kvcache_ext.nixl  # noqa: F401
+    except ImportError:
+        if os.environ.get("KVC_REQUIRE_NIXL") == "1":
+            raise
+        pytest.skip("nixl is not installed")
+    rc, out, _ = run(["transfer", "--dst-block-size", "16", "--block-table", "0,5,2",
+                      "--nixl", "--path", path, "--show", "1"], capsys)
+    assert rc in (0, None), out
+    spans, nbytes = spans_line(out)
+    assert re.search(r"^as strided runs .*: \d+$", out, re.M)
+    m = re.search(r"^NIXL read .*: path (\w+), (\d+) pieces posted in (\d+) transfer\(s\), (\d+) "
+                  r"bytes .*; the same bytes as copy_spans$", out, re.M)
+    assert m, out
+    assert m.group(1) == ("plain" if path == "auto" else path) and int(m.group(4)) == nbytes
+    assert int(m.group(2)) <= spans if path == "staged" else int(m.group(2)) == spans

@@ -15,9 +15,14 @@ def _row_pieces(plan: kvc.CachePlan, name: str, layer: int, block: int, pos: int
     slot = block * plan.block_size + pos
     if spec.split is None:
         return [(plan.address(name, layer, slot, head, 0), 0, spec.row_bytes)]
-    a, b = spec.split
-    page = plan.address(name, layer, block * plan.block_size, 0, 0)  # token 0 of the page
-    return [(page + pos * a, 0, a), (page + plan.block_size * a + pos * b, a, b)]
+    a, b, n = *spec.split, plan.block_size
+    page = plan.address(name, layer, block * n, head, 0)  # token 0 of the head's page
+    second = (page + n * a + pos * b, a, b)
+    e = spec.channel_major
+    if e is None:
+        return [(page + pos * a, 0, a), second]
+    # channel-major first part: element c of token pos at (c x n + pos) x e
+    return [(page + (c * n + pos) * e, c * e, e) for c in range(a // e)] + [second]
 
 
 def moved_rows(src_plan, dst_plan, specs, layers, heads, token_pairs):

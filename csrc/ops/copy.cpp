@@ -43,10 +43,11 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
   const uint8_t* from = src.data_ptr<uint8_t>();
   uint8_t* to = dst.data_ptr<uint8_t>();
   const bool one_space = src.device() == dst.device();
+  // Sources and destinations can only meet when the two buffers share bytes.
+  const intptr_t f = reinterpret_cast<intptr_t>(from), t = reinterpret_cast<intptr_t>(to);
+  const bool apart = t >= f + src.numel() || f >= t + dst.numel();
   kvc::check_spans(s, n, src.numel(), dst.numel(),
-              one_space ? std::optional<int64_t>(reinterpret_cast<intptr_t>(to) -
-                                                 reinterpret_cast<intptr_t>(from))
-                        : std::nullopt);
+                   one_space && !apart ? std::optional<int64_t>(t - f) : std::nullopt);
   if (src.is_cpu() && dst.is_cpu()) {
     const Tensor chunks = chunk_spans(s, n, kCpuCopyChunkBytes);
     cpu::copy_chunks({from, to, chunks.data_ptr<int64_t>(), chunks.size(0)});

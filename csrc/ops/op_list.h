@@ -89,4 +89,8 @@
   /* Checks alone, for callers that move or write bytes by other means (NIXL, debug runs). */        \
   X(check_spans, "Tensor spans, int src_bytes, int dst_bytes, bool same_buffer, str name=\"spans\"", \
     "", "", "spans")                                                                                 \
-  X(check_slot_mapping, "Tensor slot_mapping, Tensor view", "view", "slot_mapping", "")
+  X(check_slot_mapping, "Tensor slot_mapping, Tensor view", "view", "slot_mapping", "")            \
+  /* Strided runs [R, 6] = (src, dst, length, src stride, dst stride, count) (runs.cpp). */          \
+  X(runs_of_spans, "Tensor spans, Tensor(a!) runs, Tensor(b!) count", "", "",                        \
+    "spans runs count")                                                                              \
+  X(check_runs, "Tensor runs, int src_bytes, int dst_bytes, str name=\"runs\"", "", "", "runs")

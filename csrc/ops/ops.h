@@ -1,6 +1,7 @@
 // The op bodies, one per entry of op_list.h (same names, the schema's arguments in order): each
 // parses its arguments once into kernel parameters, then runs the CPU loop or launches the CUDA
-// kernel on the view's device and current stream. writes.cpp, v4_writes.cpp, gathers.cpp, copy.cpp.
+// kernel on the view's device and current stream. writes.cpp, v4_writes.cpp, gathers.cpp, copy.cpp,
+// runs.cpp.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
@@ -70,5 +71,7 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans);
 void check_spans(const Tensor& spans, int64_t src_bytes, int64_t dst_bytes, bool same_buffer,
                  Str name);
 void check_slot_mapping(const Tensor& slot_mapping, const Tensor& view);
+void runs_of_spans(const Tensor& spans, const Tensor& runs, const Tensor& count);
+void check_runs(const Tensor& runs, int64_t src_bytes, int64_t dst_bytes, Str name);
 
 }  // namespace kvc::ops

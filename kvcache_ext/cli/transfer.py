@@ -4,6 +4,7 @@
     python -m kvcache_ext transfer --src BLHNC --dst BLHNC --blocks 0:0,1:1,5:2
     python -m kvcache_ext transfer --dst-block-size 16 --show 0   # token runs, every span
     python -m kvcache_ext transfer --matrix                 # span counts, every pair of layouts
+    python -m kvcache_ext transfer --nixl [--path staged]   # and through NIXL, with its stats
 """
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import argparse
 
 import torch
 
+from ..cache import KVCache, allocate
 from ..plan import LAYOUTS, CachePlan, plan_cache
-from ..transfer import TransferPlan
+from ..transfer import TransferPlan, copy_spans, runs_of_spans
 from ..viz.text import locate, split_text, table
 from .args import CliError, int_list, layout_name, nonneg_int, parse_spec, positive_int
 
@@ -122,6 +124,10 @@ def cmd_transfer(args: argparse.Namespace) -> None:
     sizes = (f"; {total // max(len(spans), 1)} B per span on average, smallest "
              f"{int(spans[:, 2].min())}, largest {int(spans[:, 2].max())}" if spans.numel() else "")
     print(f"spans: {spans.shape[0]} for {total} bytes ({xp.bytes_per_token()} B per token{sizes})")
+    print(f"as strided runs (src, dst, length, src_stride, dst_stride, count): "
+          f"{runs_of_spans(spans).shape[0]}")
+    if args.nixl:
+        _nixl_move(src, dst, spans, args.path)
     shown = spans if args.show == 0 else spans[:args.show]
     if shown.numel():
         rows = [[i, s, d, n, locate(src, s), locate(dst, d)]
@@ -135,6 +141,28 @@ def cmd_transfer(args: argparse.Namespace) -> None:
         print(f"spans of this request for every pair of layouts (rows: src, columns: dst; "
               f"block sizes {src.block_size} -> {dst.block_size}):")
         print("\n".join(table(["src \\ dst"] + list(LAYOUTS), matrix)))
+
+
+def _nixl_move(src: CachePlan, dst: CachePlan, spans: torch.Tensor, path: str) -> None:
+    """The request read through NIXL between two Endpoints of this process (loopback), checked
+    against copy_spans, and what the transfer did (its stats)."""
+    import kvcache_ext.nixl as kn
+    a = KVCache(src, torch.randint(0, 256, (src.total_bytes,), dtype=torch.uint8,
+                                   generator=torch.Generator().manual_seed(0)))
+    b, want = KVCache(dst, torch.zeros(dst.total_bytes, dtype=torch.uint8)), allocate(dst, fill=0)
+    copy_spans(a, want, spans)
+    with kn.Endpoint("cli-src", a) as ep_a, kn.Endpoint("cli-dst", b) as ep_b:
+        h = ep_b.read(ep_b.add_peer(ep_a.metadata()), spans, path=path)
+        h.wait(120)
+    st = h.stats
+    same = "the same bytes as copy_spans" if torch.equal(b.buffer, want.buffer) else \
+        "BYTES DIFFER from copy_spans"
+    print(f"NIXL read (two agents in this process): path {st.path}, {st.pieces} pieces posted in "
+          f"{st.parts} transfer(s), {st.bytes} bytes ({st.staged_bytes} staged); lists "
+          f"{1e3 * st.lists_s:.2f} ms, NIXL prep {1e3 * st.prep_s:.2f} ms, post {1e3 * st.post_s:.2f}"
+          f" ms, move {1e3 * st.move_s:.2f} ms, unpack {1e3 * st.unpack_s:.2f} ms; {same}")
+    if "DIFFER" in same:
+        raise CliError("the NIXL read moved other bytes than copy_spans")
 
 
 def add_parser(sub) -> None:
@@ -185,4 +213,10 @@ def add_parser(sub) -> None:
                    help="spans listed, 0 for all (default: %(default)s)")
     t.add_argument("--matrix", action="store_true",
                    help="also count the spans for every pair of layouts (default: off)")
+    t.add_argument("--nixl", action="store_true",
+                   help="also read the request through NIXL (two agents in this process) and "
+                        "print what the transfer did (default: off)")
+    t.add_argument("--path", default="auto",
+                   choices=["auto", "plain", "prepared", "strided", "staged"],
+                   help="with --nixl: how the spans reach NIXL (default: %(default)s)")
     t.set_defaults(func=cmd_transfer)

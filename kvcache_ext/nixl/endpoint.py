@@ -43,7 +43,6 @@ elif "UCX_MODULES" not in os.environ:
     warnings.warn("nixl was imported before kvcache_ext.nixl without UCX_MODULES set: processes "
                   "may die with SIGSEGV at exit; set UCX_MODULES=^ib before importing nixl")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 try:
@@ -55,9 +54,13 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from ..cache import KVCache  # noqa: E402
 from ..plan import CachePlan, GroupPlan, plan_from_dict, plan_to_dict  # noqa: E402
 from ..transfer import as_spans, check_spans  # noqa: E402
+from . import paths  # noqa: E402
+from .handle import (NixlError, PeerGoneError, TransferHandle, TransferStats,  # noqa: E402
+                     nixl_error)
+from .resources import TransferResources  # noqa: E402
 
 __all__ = ["DEFAULT_POLL_INTERVAL_S", "Endpoint", "NixlError", "Peer", "PeerGoneError",
-           "TransferHandle"]
+           "TransferHandle", "TransferStats"]
 
 DEFAULT_POLL_INTERVAL_S = 0.0005
 _MAGIC = b"KVCNIXL1"
@@ -73,21 +76,6 @@ def _close_open_endpoints() -> None:
             pass
 
 
-class NixlError(RuntimeError):
-    """A NIXL transfer failed."""
-
-
-class PeerGoneError(NixlError, ConnectionError):
-    """The peer of a transfer has gone away (its process ended or its Endpoint closed)."""
-
-
-def _nixl_error(e: Exception, what: str, peer: str) -> NixlError:
-    text = f"{type(e).__name__}: {e}"
-    if "Disconnect" in type(e).__name__ or "DISCONNECT" in str(e):
-        return PeerGoneError(f"{what}: peer {peer!r} has gone away ({text})")
-    return NixlError(f"{what} with peer {peer!r} failed ({text})")
-
-
 @dataclass(frozen=True)
 class Peer:
     """A remote Endpoint: its agent name, its plan and where its buffer lives."""
@@ -100,63 +88,7 @@ class Peer:
     device_id: int
 
 
-class TransferHandle:
-    """One posted NIXL transfer. done() polls (and drives progress); wait(timeout_s) returns when
-    it has finished, and raises TimeoutError, PeerGoneError or NixlError otherwise."""
-
-    def __init__(self, ep: "Endpoint", xfer, peer: Peer, op: str, spans: int,
-                 nbytes: int) -> None:
-        self._ep, self._xfer, self.peer, self.op = ep, xfer, peer, op
-        self.spans, self.bytes = spans, nbytes
-        self._done = xfer is None
-        self._abandoned = False  # the Endpoint was closed before the transfer finished
-        self._cancelled = False  # cancel() gave it up before it finished
-
-    def _finish(self) -> None:
-        if self._xfer is not None:
-            self._ep._release(self)
-        self._done, self._xfer = True, None
-
-    def done(self) -> bool:
-        if self._abandoned:
-            raise NixlError(f"Endpoint {self._ep.name!r} was closed during the {self.op} of "
-                            f"{self.spans} spans with peer {self.peer.name!r}: its bytes are undefined")
-        if self._cancelled:
-            raise NixlError(f"the {self.op} of {self.spans} spans with peer {self.peer.name!r} was "
-                            "cancelled before it finished: its bytes are undefined")
-        if self._done:
-            return True
-        state = self._ep._state(self)
-        if state == "PROC":
-            return False
-        self._finish()
-        if state == "ERR":
-            raise NixlError(f"NIXL {self.op} of {self.spans} spans ({self.bytes} B) with peer "
-                            f"{self.peer.name!r} failed")
-        return True
-
-    def cancel(self) -> None:
-        """Give up on an unfinished transfer (NIXL aborts it); the bytes it covers are undefined,
-        and done() / wait() raise NixlError from then on. A finished transfer stays finished."""
-        if not self._done:
-            self._finish()
-            self._cancelled = True
-
-    def wait(self, timeout_s: float) -> None:
-        """Return when the transfer has finished; raise TimeoutError after timeout_s seconds. A
-        timed-out transfer keeps running (its bytes stay undefined) until it finishes or the
-        caller calls cancel()."""
-        if not (isinstance(timeout_s, (int, float)) and timeout_s >= 0):
-            raise ValueError(f"timeout_s must be a number >= 0, got {timeout_s!r}")
-        deadline = time.monotonic() + timeout_s
-        while not self.done():
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"NIXL {self.op} of {self.spans} spans ({self.bytes} B) with "
-                                   f"peer {self.peer.name!r} not finished after {timeout_s} s")
-            time.sleep(0)  # let the poller and other threads in; keep driving progress
-
-
-class Endpoint:
+class Endpoint(TransferResources):
     """A cache's flat buffer registered with a NIXL agent named `name` (unique among peers)."""
 
     def __init__(self, name: str, cache: KVCache, *, poll_interval_s: float | None =
@@ -176,11 +108,18 @@ class Endpoint:
         self._peers: dict[str, Peer] = {}
         self._peer_metadata: dict[str, bytes] = {}  # the blob each peer was added from
         self._handles: set[TransferHandle] = set()
+        self._local_grids: dict[int, object] = {}              # granule -> prepared local list
+        self._peer_grids: dict[tuple[str, int], object] = {}   # (peer, granule) -> remote list
+        self._stage_free: list[tuple[torch.Tensor, object]] = []  # staging buffers, registered
+        self._stage_all: list[tuple[torch.Tensor, object]] = []
+        self.strided = paths.nixl_has_strided()
+        self._unpack_pool = None  # resources.py: made on first staged read
         self._closed = False
         self._mem_type = "VRAM" if buf.is_cuda else "DRAM"
         self._device_id = (buf.device.index or 0) if buf.is_cuda else 0
         config = nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False,
-                                   backends=list(backends), num_threads=num_threads)
+                                   backends=list(backends), num_threads=num_threads,
+                                   capture_telemetry=True)  # pieces posted, in the stats
         self._agent = nixl_agent(name, config)
         missing = [b for b in backends if b not in self._agent.backends]
         if missing:
@@ -266,7 +205,11 @@ class Endpoint:
         return peer
 
     def remove_peer(self, peer: Peer) -> None:
+        """Forget a peer: its prepared lists are released, and its unfinished transfers fail
+        (NixlError) rather than go on with a peer that may be another one next time."""
         with self._lock:
+            self._release_dlists([self._peer_grids.pop(k) for k in list(self._peer_grids)
+                                  if k[0] == peer.name])
             self._peer_metadata.pop(peer.name, None)
             if self._peers.pop(peer.name, None) is not None and not self._closed:
                 try:
@@ -275,71 +218,109 @@ class Endpoint:
                     pass
 
     # ---- transfers --------------------------------------------------------------------------
-    def read(self, peer: Peer, spans: torch.Tensor) -> TransferHandle:
-        """Pull peer bytes into our cache: spans from TransferPlan(peer.plan, self.plan)."""
-        return self._post("READ", peer, spans)
+    def read(self, peer: Peer, spans: torch.Tensor, path: str = "auto") -> TransferHandle:
+        """Pull peer bytes into our cache: spans from TransferPlan(peer.plan, self.plan). path:
+        "auto" (the cheapest the measurements support, paths.py), or force "plain",
+        "prepared", "strided" (nixl >= 1.5) or "staged"; the bytes are the same either way."""
+        return self._transfer("READ", peer, spans, path)
 
-    def write(self, peer: Peer, spans: torch.Tensor) -> TransferHandle:
-        """Push our bytes into the peer's cache: spans from TransferPlan(self.plan, peer.plan)."""
-        return self._post("WRITE", peer, spans)
+    def write(self, peer: Peer, spans: torch.Tensor, path: str = "auto") -> TransferHandle:
+        """Push our bytes into the peer's cache: spans from TransferPlan(self.plan, peer.plan).
+        path: "auto", "plain", "prepared" or "strided" (staging is for reads)."""
+        return self._transfer("WRITE", peer, spans, path)
 
-    def _post(self, op: str, peer: Peer, spans: torch.Tensor) -> TransferHandle:
+    def _transfer(self, op: str, peer: Peer, spans: torch.Tensor, path: str) -> TransferHandle:
+        t0 = time.perf_counter()
         self._check_open()
         if not isinstance(peer, Peer) or self._peers.get(peer.name) is not peer:
-            raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer, got "
-                             f"{peer!r:.80}")
+            raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "
+                             f"removed since), got {peer!r:.80}")
+        paths.check_path(path, op, self.strided)
         spans = as_spans(spans)
         ours = self.cache.buffer.numel()
         src_bytes, dst_bytes = (peer.nbytes, ours) if op == "READ" else (ours, peer.nbytes)
         check_spans(spans, src_bytes, dst_bytes)
-        count = int(spans.shape[0])
-        nbytes = int(spans[:, 2].sum()) if count else 0
-        if count == 0:
-            return TransferHandle(self, None, peer, op, 0, 0)
-        s = spans.numpy().astype(np.uint64)
-        local_off, remote_off = (s[:, 1], s[:, 0]) if op == "READ" else (s[:, 0], s[:, 1])
-        local = np.stack([local_off + np.uint64(self.cache.buffer.data_ptr()), s[:, 2],
-                          np.full(count, self._device_id, np.uint64)], 1)
-        remote = np.stack([remote_off + np.uint64(peer.address), s[:, 2],
-                           np.full(count, peer.device_id, np.uint64)], 1)
+        keep = spans[:, 2] > 0
+        s = spans[keep].numpy() if not bool(keep.all()) else spans.numpy()
+        remote_off, local_off = (s[:, 0], s[:, 1]) if op == "READ" else (s[:, 1], s[:, 0])
+        lengths = s[:, 2]
+        stats = TransferStats(path="plain", spans=int(spans.shape[0]), bytes=int(lengths.sum()))
+        if lengths.size == 0:
+            return TransferHandle(self, peer, op, [], stats)
+        if path == "auto":
+            path = "plain"
+            if op == "READ" and lengths.size >= paths.AUTO_MIN_SPANS:
+                e_len = paths.extents(remote_off, lengths)[3]
+                path = paths.choose(op, lengths, int(e_len.size), int(e_len.sum()))
+        g = paths.granule(local_off, remote_off, lengths) if path == "prepared" else 0
+        if path == "prepared" and not paths.prepared_fits(ours, peer.nbytes, stats.bytes, g):
+            raise ValueError(f"path='prepared': the spans' offsets and lengths share a granule of "
+                             f"only {g} B, which makes {stats.bytes // g} indices for this transfer "
+                             f"(at most {paths.PREPARED_MAX_INDICES}): use 'strided' or 'staged'")
+        stats.path = path
+        if path == "plain":
+            parts = paths.plain_parts(self, peer, op, local_off, remote_off, lengths, stats)
+        elif path == "prepared":
+            parts = paths.prepared_parts(self, peer, op, local_off, remote_off, lengths, g, stats)
+        elif path == "strided":
+            parts = paths.strided_parts(self, peer, op, torch.from_numpy(s), stats)
+        else:
+            parts = []
+        on_end = None
+        if path == "staged":
+            parts, on_end = paths.staged_parts(self, peer, remote_off, local_off, lengths, stats)
+        handle = TransferHandle(self, peer, op, parts, stats, on_end)
         with self._lock:
-            try:
-                xfer = self._agent.initialize_xfer(
-                    op, self._agent.get_xfer_descs(local, self._mem_type),
-                    self._agent.get_xfer_descs(remote, peer.mem_type), peer.name)
-                state = self._agent.transfer(xfer)
-            except Exception as e:
-                raise _nixl_error(e, f"NIXL {op} of {count} spans", peer.name) from None
-            handle = TransferHandle(self, xfer, peer, op, count, nbytes)
             self._handles.add(handle)
-        if state != "PROC":
-            if state == "ERR":
-                handle._finish()
-                raise NixlError(f"NIXL {op} of {count} spans with peer {peer.name!r} failed "
-                                f"when posted")
-            handle._finish()
+        handle._post_next(t0)
         return handle
+
+    def _post(self, handle: TransferHandle, xfer) -> str:
+        with self._lock:
+            if self._closed:
+                raise NixlError(f"Endpoint {self.name!r} was closed during the {handle.op}")
+            try:
+                return self._agent.transfer(xfer)
+            except Exception as e:
+                raise nixl_error(e, f"NIXL {handle.op} of {handle.spans} spans",
+                                 handle.peer.name) from None
 
     def _state(self, handle: TransferHandle) -> str:
         with self._lock:
             if self._closed:
                 raise NixlError(f"Endpoint {self.name!r} was closed during the {handle.op}")
+            if self._peers.get(handle.peer.name) is not handle.peer:
+                self._release(handle, handle._xfer)
+                handle._abandon(f"peer {handle.peer.name!r} was removed during the {handle.op}")
+                self._handles.discard(handle)
+                raise NixlError(handle._why)
             try:
                 return self._agent.check_xfer_state(handle._xfer)
             except Exception as e:
-                handle._done, handle._xfer = True, None
+                err = nixl_error(e, f"NIXL {handle.op} of {handle.spans} spans", handle.peer.name)
+                handle._abandon(str(err))
                 self._handles.discard(handle)
-                raise _nixl_error(e, f"NIXL {handle.op} of {handle.spans} spans",
-                                  handle.peer.name) from None
+                raise err from None
 
-    def _release(self, handle: TransferHandle) -> None:
+    def _telemetry_pieces(self, xfer, default: int) -> int:
+        """The descriptors NIXL posted for a finished transfer (its telemetry), else default."""
         with self._lock:
-            self._handles.discard(handle)
-            if not self._closed and handle._xfer is not None:
+            try:
+                return int(self._agent.get_xfer_telemetry(xfer).descCount)
+            except Exception:
+                return default
+
+    def _release(self, handle: TransferHandle, xfer) -> None:
+        with self._lock:
+            if not self._closed and xfer is not None:
                 try:
-                    self._agent.release_xfer_handle(handle._xfer)
+                    self._agent.release_xfer_handle(xfer)
                 except Exception:
                     pass
+
+    def _ended(self, handle: TransferHandle) -> None:
+        with self._lock:
+            self._handles.discard(handle)
 
     # ---- lifetime ---------------------------------------------------------------------------
     def _check_open(self) -> None:
@@ -354,14 +335,27 @@ class Endpoint:
         self._stop.set()
         if self._poller is not None:
             self._poller.join(timeout=5)
+        if self._unpack_pool is not None:
+            self._unpack_pool.shutdown(wait=True)
         with self._lock:
             for h in list(self._handles):
+                if h._xfer is not None:
+                    try:
+                        self._agent.release_xfer_handle(h._xfer)
+                    except Exception:
+                        pass
+                h._abandon(f"Endpoint {self.name!r} was closed during the {h.op}")
+            self._handles.clear()
+            self._release_dlists(list(self._local_grids.values()) + list(self._peer_grids.values()))
+            self._local_grids.clear()
+            self._peer_grids.clear()
+            for _, reg in self._stage_all:
                 try:
-                    self._agent.release_xfer_handle(h._xfer)
+                    self._agent.deregister_memory(reg)
                 except Exception:
                     pass
-                h._done, h._xfer, h._abandoned = True, None, True
-            self._handles.clear()
+            self._stage_all.clear()
+            self._stage_free.clear()
             for name in list(self._peers):
                 try:
                     self._agent.remove_remote_agent(name)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from .layout import DEFAULT_LAYOUT, DIMS, LAYOUTS, dense_strides, perm
-from .spec import INT64_MAX, CacheSpec, KVCacheTensor, SpecLookup
+from .spec import INT64_MAX, CacheSpec, KVCacheTensor, SpecLookup, check_split_pages
 
 PACKINGS = ("overlay", "stack")
 
@@ -207,6 +207,7 @@ def plan_groups(groups: Iterable[CacheGroup], num_blocks: int, layout: str = DEF
                 layer_stride=st["L"], block_stride=st["B"], offset=start,
                 head_stride=st["H"], token_stride=st["N"], row_bytes=s.row_bytes,
                 num_heads=s.num_heads)
+            check_split_pages(s, tensors[s.name], layout)
     return GroupPlan(groups=groups, num_blocks=num_blocks, layout=layout, packing=packing,
                      tensors=tensors, group_offsets=group_offsets, block_stride=stride,
                      total_bytes=total)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from .spec import INT64_MAX, CacheSpec, KVCacheTensor, SpecLookup, check_positive
+from .spec import (INT64_MAX, CacheSpec, KVCacheTensor, SpecLookup, check_positive,
+                   check_split_pages)
 
 LAYOUTS: tuple[str, ...] = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 DEFAULT_LAYOUT = "LBNHC"
@@ -118,6 +119,7 @@ def plan_specs(specs: Iterable[CacheSpec], num_blocks: int, block_size: int,
             layer_stride=st["L"], block_stride=st["B"], offset=offset,
             head_stride=st["H"], token_stride=st["N"], row_bytes=s.row_bytes,
             num_heads=s.num_heads)
+        check_split_pages(s, tensors[s.name], layout)
         offset += step
     return CachePlan(specs=specs, num_blocks=num_blocks, block_size=block_size, layout=layout,
                      tensors=tensors, total_bytes=total)

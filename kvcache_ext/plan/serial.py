@@ -10,13 +10,15 @@ from .spec import CacheSpec
 def _spec_to_dict(s: CacheSpec) -> dict:
     return {"name": s.name, "row_bytes": s.row_bytes, "num_layers": s.num_layers,
             "num_heads": s.num_heads, "split": list(s.split) if s.split else None,
-            "compress_ratio": s.compress_ratio, "page_align": s.page_align}
+            "compress_ratio": s.compress_ratio, "page_align": s.page_align,
+            "channel_major": s.channel_major}
 
 
 def _spec_from_dict(s: dict) -> CacheSpec:
     return CacheSpec(s["name"], s["row_bytes"], s["num_layers"], s["num_heads"],
                      split=tuple(s["split"]) if s["split"] else None,
-                     compress_ratio=s.get("compress_ratio", 1), page_align=s.get("page_align", 1))
+                     compress_ratio=s.get("compress_ratio", 1), page_align=s.get("page_align", 1),
+                     channel_major=s.get("channel_major"))
 
 
 def plan_to_dict(plan: CachePlan | GroupPlan) -> dict:

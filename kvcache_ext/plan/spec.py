@@ -20,8 +20,10 @@ class CacheSpec:
     row_bytes: int
     num_layers: int = 1
     num_heads: int = 1
-    # (a, b): a page holds the first a bytes of every token, then the last b bytes of every
-    # token (the indexer's "split" placement is (128, 4)); None: token rows one after another.
+    # (a, b): a page (one block of one layer and head) holds the first a bytes of every token,
+    # then the last b bytes of every token (the indexer's "split" placement is (128, 4)); None:
+    # token rows one after another. With num_heads > 1 every head's page must be contiguous,
+    # which the HNC layouts give (LBHNC, LHBNC, BLHNC, BHLNC).
     split: tuple[int, int] | None = None
     # logical tokens per stored row (DeepSeek-V4 C4 / C128 caches): a group of block size B
     # holds B / compress_ratio rows of this spec per block (SPEC 10); 1 = one row per token
@@ -29,6 +31,10 @@ class CacheSpec:
     # pages (one block of one layer) padded to a multiple of this many bytes (576 or 512 B in
     # the V4 layouts); 1 = unpadded. Only plans made from CacheGroups pad (plan_cache(groups=))
     page_align: int = 1
+    # the split's first part stored channel-major in elements of this many bytes: element c of
+    # row n at (c x rows + n) x channel_major (vLLM's CPU attention keeps K so, and V, the second
+    # part, token-major); None: the first part token-major too
+    channel_major: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -46,10 +52,15 @@ class CacheSpec:
             if split[0] + split[1] != self.row_bytes:
                 raise ValueError(f"CacheSpec.split {tuple(split)} must add up to row_bytes = "
                                  f"{self.row_bytes} (spec {self.name!r})")
-            if self.num_heads != 1:
-                raise ValueError(f"CacheSpec.split needs num_heads == 1 (a split page is one "
-                                 f"head's), got num_heads = {self.num_heads} (spec {self.name!r})")
             object.__setattr__(self, "split", (int(split[0]), int(split[1])))
+        e = self.channel_major
+        if e is not None:
+            if isinstance(e, bool) or not isinstance(e, int) or e <= 0:
+                raise ValueError(f"CacheSpec.channel_major must be None or a positive int, got {e!r}")
+            if self.split is None or self.split[0] % e:
+                raise ValueError(f"CacheSpec.channel_major = {e} needs a split whose first part is a "
+                                 f"whole number of {e}-byte elements, got split = {self.split} (spec "
+                                 f"{self.name!r})")
         if self.page_align != 1 and self.num_heads != 1:
             raise ValueError(f"CacheSpec.page_align needs num_heads == 1 (a padded page is one "
                              f"head's), got num_heads = {self.num_heads} (spec {self.name!r})")
@@ -88,13 +99,28 @@ class BlockPage:
 
 def split_address(s: "CacheSpec", t: KVCacheTensor, rows: int, layer: int, block: int, pos: int,
                   head: int = 0, byte: int = 0) -> int:
-    """Address of (layer, block, row pos, head, byte). A split page (H = 1, so one contiguous
-    page of `rows` rows) holds the first `a` bytes of every row, then the last `b` bytes."""
+    """Address of (layer, block, row pos, head, byte). A split page (one contiguous page of
+    `rows` rows per head) holds the first `a` bytes of every row, then the last `b` bytes; with
+    channel_major = e the first part is e-byte elements, element c of row n at (c x rows + n) x e."""
     if s.split is None:
         return t.address(layer, block, pos, head, byte)
     a, b = s.split
     page = t.address(layer, block, 0, head, 0)
-    return page + (pos * a + byte if byte < a else rows * a + pos * b + (byte - a))
+    if byte >= a:
+        return page + rows * a + pos * b + (byte - a)
+    e = s.channel_major
+    if e is None:
+        return page + pos * a + byte
+    return page + ((byte // e) * rows + pos) * e + byte % e
+
+
+def check_split_pages(s: CacheSpec, t: KVCacheTensor, layout: str) -> None:
+    """A split page is one head's rows one after another: with H > 1 only the HNC layouts give
+    that (in NHC layouts a head's rows interleave with the other heads')."""
+    if s.split is not None and t.token_stride != s.row_bytes:
+        raise ValueError(f"spec {s.name!r} splits its pages and has {s.num_heads} heads: each "
+                         f"head's page must be contiguous, which {layout} does not give (token "
+                         f"stride {t.token_stride}); use LBHNC, LHBNC, BLHNC or BHLNC")
 
 
 def check_positive(name: str, value: object) -> int:

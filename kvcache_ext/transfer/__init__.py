@@ -5,7 +5,9 @@ from .copy import CopyStats, block_spans, copy_blocks, copy_spans
 from .dispatch import plan_transfer
 from .groups import GroupTransferPlan
 from .plan import TransferPlan
-from .spans import as_spans, check_spans, merge_spans
+from .spans import (as_runs, as_spans, check_runs, check_spans, merge_spans, runs_of_spans,
+                    spans_of_runs)
 
-__all__ = ["CopyStats", "GroupTransferPlan", "TransferPlan", "as_spans", "block_spans",
-           "check_spans", "copy_blocks", "copy_spans", "merge_spans", "plan_transfer"]
+__all__ = ["CopyStats", "GroupTransferPlan", "TransferPlan", "as_runs", "as_spans", "block_spans",
+           "check_runs", "check_spans", "copy_blocks", "copy_spans", "merge_spans",
+           "plan_transfer", "runs_of_spans", "spans_of_runs"]

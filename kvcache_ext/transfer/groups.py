@@ -19,7 +19,7 @@ import torch
 
 from ..plan import CachePlan, GroupPlan
 from .plan import TransferPlan
-from .spans import merge_spans
+from .spans import merge_spans, runs_of_spans
 
 
 def _row_plan(plan: GroupPlan, name: str) -> CachePlan:
@@ -60,8 +60,8 @@ class GroupTransferPlan:
             if s.window != d.window:  # a window decides which rows are live: both must agree
                 raise ValueError(f"group {gname!r} keeps the last {s.window} tokens in src_plan "
                                  f"and the last {d.window} in dst_plan")
-            for field in ("name", "row_bytes", "split", "compress_ratio", "num_layers",
-                          "num_heads"):
+            for field in ("name", "row_bytes", "split", "channel_major", "compress_ratio",
+                          "num_layers", "num_heads"):
                 sv, dv = ([getattr(x, field) for x in g.specs] for g in (s, d))
                 if sv != dv:
                     raise ValueError(f"group {gname!r} differs in its specs' {field}: {sv} in "
@@ -115,6 +115,15 @@ class GroupTransferPlan:
                                  f"{{{g!r}: (src_block_table, dst_block_table)}}, num_tokens)")
         return _merge([xp.block_spans(pairs, f"block_pairs[{g!r}]")
                        for g, pairs in block_pairs.items() for _, _, xp in self.moves[g]])
+
+    def token_runs(self, block_tables: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                   num_tokens: int) -> torch.Tensor:
+        """token_spans as strided runs, int64 [R, 6] (transfer/spans.py)."""
+        return runs_of_spans(self.token_spans(block_tables, num_tokens))
+
+    def block_runs(self, block_pairs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """block_spans as strided runs, int64 [R, 6]."""
+        return runs_of_spans(self.block_spans(block_pairs))
 
 
 def _merge(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -8,8 +8,10 @@ previous one in both buffers. The merge is exact: two pieces stay apart only whe
 or the destination jumps, so the spans are the fewest the two plans allow.
 
 Atoms, per spec, for one chunk of tokens that lies inside one block on both sides:
-- a split spec (split=(a, b), H = 1): two pieces, the chunk's first-part bytes and its
-  second-part bytes (each contiguous: the token stride of a part is a, resp. b);
+- a split spec (split=(a, b)), per moved head: two pieces, the chunk's first-part bytes and its
+  second-part bytes (each contiguous: the token stride of a part is a, resp. b); when the first
+  part is channel-major (channel_major = e), one piece per channel of it instead (channel c of
+  the chunk's rows: e bytes per row, contiguous);
 - heads stored next to each other on both sides (head_stride == C, or one moved head): one
   row of count x C bytes per token; consecutive tokens continue when both token strides equal
   that row, then the chunk is one piece;
@@ -25,7 +27,7 @@ from typing import Mapping
 import torch
 
 from ..plan import CachePlan
-from .spans import merge_spans
+from .spans import merge_spans, runs_of_spans
 
 Range = tuple[int, int, int]  # (src_first, dst_first, count)
 
@@ -44,6 +46,7 @@ class _SpecMove:
     name: str
     row_bytes: int
     split: tuple[int, int] | None
+    channel_major: int | None
     layers: Range
     heads: Range
     src: _Side
@@ -121,12 +124,12 @@ class TransferPlan:
             if name not in dst_names:
                 raise ValueError(f"spec {name!r} is not in dst_plan (its specs: {dst_names})")
             s, d = src_plan.spec(name), dst_plan.spec(name)
-            for field in ("row_bytes", "split"):
+            for field in ("row_bytes", "split", "channel_major"):
                 if getattr(s, field) != getattr(d, field):
                     raise ValueError(f"spec {name!r} differs in {field}: {getattr(s, field)!r} in "
                                      f"src_plan, {getattr(d, field)!r} in dst_plan")
             moves.append(_SpecMove(
-                name, s.row_bytes, s.split,
+                name, s.row_bytes, s.split, s.channel_major,
                 _range("layers", name, layers, s.num_layers, d.num_layers, "layers"),
                 _range("heads", name, heads, s.num_heads, d.num_heads, "heads"),
                 _side(src_plan, name), _side(dst_plan, name)))
@@ -184,6 +187,18 @@ class TransferPlan:
         sp, dp = cuts + src_start, cuts + dst_start
         return self._spans(src_table[sp // ns], dst_table[dp // nd], sp % ns, dp % nd, lens)
 
+    def block_runs(self, block_pairs: torch.Tensor) -> torch.Tensor:
+        """block_spans as strided runs, int64 [R, 6] (spans.py): one run per set of pieces that
+        step evenly on both sides, e.g. one page per layer between block-outer plans."""
+        return runs_of_spans(self.block_spans(block_pairs))
+
+    def token_runs(self, src_block_table: torch.Tensor, dst_block_table: torch.Tensor,
+                   num_tokens: int, src_start: int = 0, dst_start: int = 0) -> torch.Tensor:
+        """token_spans as strided runs, int64 [R, 6]: e.g. the channels of a channel-major part
+        of one token run, or one token run across layers when the block sizes differ."""
+        return runs_of_spans(self.token_spans(src_block_table, dst_block_table, num_tokens,
+                                              src_start, dst_start))
+
     # ---- the span math -----------------------------------------------------------------------
     def _spans(self, sb: torch.Tensor, db: torch.Tensor, sn: torch.Tensor, dn: torch.Tensor,
                k: torch.Tensor) -> torch.Tensor:
@@ -205,13 +220,27 @@ class TransferPlan:
         s_page = (s.offset + (sl0 + li) * s.layer_stride)[:, None, None] + (sb * s.block_stride)[None, None, :]
         d_page = (d.offset + (dl0 + li) * d.layer_stride)[:, None, None] + (db * d.block_stride)[None, None, :]
         kk = k[None, None, :]
-        if m.split is not None:  # H == 1: two pieces per chunk
-            a, b = m.split
-            parts = [torch.broadcast_tensors(s_page + sn * a, d_page + dn * a, kk * a),
-                     torch.broadcast_tensors(s_page + ns * a + sn * b, d_page + nd * a + dn * b,
-                                             kk * b)]
-            return tuple(torch.cat([p[i].reshape(-1) for p in parts]) for i in range(3))
         hi = torch.arange(nh, dtype=torch.int64)
+        if m.split is not None:  # per moved head: the parts of the chunk's rows
+            a, b = m.split
+            s_pg = s_page + ((sh0 + hi) * s.head_stride)[None, :, None]  # [L, H, K]
+            d_pg = d_page + ((dh0 + hi) * d.head_stride)[None, :, None]
+            e = m.channel_major
+            # a chunk that is one whole block on both sides holds its first part contiguous,
+            # channel-major or not
+            whole = (sn == 0) & (dn == 0) & (k == ns) & (k == nd) if e is not None else None
+            if e is None or bool(whole.all()):
+                parts = [torch.broadcast_tensors(s_pg + sn * a, d_pg + dn * a, kk * a)]
+            else:  # channel c of the first part: rows sn .. sn + k at (c x rows + row) x e
+                w, r = torch.nonzero(whole).squeeze(1), torch.nonzero(~whole).squeeze(1)
+                ci = torch.arange(a // e, dtype=torch.int64)[None, None, None, :]
+                parts = [torch.broadcast_tensors(s_pg[..., w], d_pg[..., w], kk[..., w] * a),
+                         torch.broadcast_tensors(
+                             s_pg[..., r, None] + (ci * ns + sn[r][None, None, :, None]) * e,
+                             d_pg[..., r, None] + (ci * nd + dn[r][None, None, :, None]) * e,
+                             (kk[..., r] * e)[..., None])]
+            parts.append(torch.broadcast_tensors(s_pg + ns * a + sn * b, d_pg + nd * a + dn * b, kk * b))
+            return tuple(torch.cat([p[i].reshape(-1) for p in parts]) for i in range(3))
         grouped = nh == 1 or (s.head_stride == c and d.head_stride == c)
         if grouped:  # the moved heads of one token are one row of nh x C bytes on both sides
             s_head = torch.tensor([sh0 * s.head_stride], dtype=torch.int64)
