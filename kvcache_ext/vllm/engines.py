@@ -1,0 +1,250 @@
+"""vLLM engines on a random Llama, each in a process of its own (and its own process group), driven
+by commands over a pipe, every command bounded in time: the harness of the connector's tests
+(tests/vllm_scenarios.py) and of benchmarks/bench_vllm_pd.py. Needs vllm (in the engine
+processes) and transformers (make_model).
+
+    with Engines(model_dir) as e:
+        a = e.start("a", block_size=32, core=0)
+        out = a.generate([Prompt(ids, max_tokens=8, params={"do_remote_decode": True})])
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+CONNECTOR = "KvcacheExtConnector"
+
+
+def make_model(folder: str, layers: int = 2, kv_heads: int = 2, head_dim: int = 32,
+               vocab: int = 128, seed: int = 0) -> str:
+    """A random fp32 Llama saved to `folder` (SPEC 11: vLLM runs it offline)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    heads = kv_heads
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=heads * head_dim, intermediate_size=4 * head_dim,
+                      num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, head_dim=head_dim,
+                      max_position_embeddings=16384, torch_dtype="float32")
+    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(folder)
+    return folder
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    max_tokens: int = 8
+    params: dict | None = None   # kv_transfer_params
+    salt: str | None = None      # a cache salt: no prefix-cache hit on other prompts
+
+
+@dataclass
+class Output:
+    tokens: list[int]
+    finish_reason: str | None
+    params: dict | None
+    seconds: float = 0.0         # from submitting the request to its end
+    first_token_s: float = 0.0   # from submitting it to its first token (TTFT)
+
+
+def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: str | None,
+                 connector: str, extra: dict, policy: str, max_len: int, num_blocks: int | None,
+                 env: dict) -> None:
+    os.setpgrp()  # the engine's own processes in its group: a kill reaches them all
+    os.environ.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core),
+                       "UCX_NET_DEVICES": "lo", **env})
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.config import KVTransferConfig
+        from vllm.inputs import TokensPrompt
+        kw = {}
+        if role is not None:
+            kw["kv_transfer_config"] = KVTransferConfig(
+                kv_connector=connector, kv_role=role, engine_id=name,
+                kv_connector_module_path="kvcache_ext.vllm" if connector == CONNECTOR else None,
+                kv_load_failure_policy=policy, kv_connector_extra_config=extra,
+                **({"kv_buffer_device": "cpu"} if connector == "NixlConnector" else {}))
+        t0 = time.time()
+        llm = LLM(model=model, skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+                  block_size=block_size, max_model_len=max_len, enable_prefix_caching=True,
+                  disable_log_stats=False, seed=0, num_gpu_blocks_override=num_blocks, **kw)
+        conn.send(("ready", time.time() - t0))
+    except Exception as e:  # noqa: BLE001 - reported to the driver
+        import traceback
+        conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        return
+    served = 0
+
+    def submit(p: Prompt) -> str:
+        nonlocal served
+        served += 1
+        sp = SamplingParams(temperature=0.0, max_tokens=p.max_tokens, ignore_eos=True,
+                            extra_args={"kv_transfer_params": dict(p.params)}
+                            if p.params is not None else None)
+        prompt = TokensPrompt(prompt_token_ids=list(p.ids))
+        if p.salt is not None:
+            prompt["cache_salt"] = p.salt
+        rid = f"{name}-{served}"
+        llm.llm_engine.add_request(rid, prompt, sp)
+        return rid
+
+    def run(p: Prompt, deadline_s: float) -> Output:
+        """One request stepped by hand: its tokens and the time to its first one."""
+        engine = llm.llm_engine
+        t = time.perf_counter()
+        rid = submit(p)
+        first, last = 0.0, None
+        while engine.has_unfinished_requests():
+            if time.perf_counter() - t > deadline_s:
+                engine.abort_request([rid])
+                raise TimeoutError(f"request {rid} unfinished after {deadline_s} s")
+            for o in engine.step():
+                if o.outputs and o.outputs[0].token_ids and not first:
+                    first = time.perf_counter() - t
+                last = o
+        c = last.outputs[0] if last is not None and last.outputs else None
+        return Output(list(c.token_ids) if c else [], c.finish_reason if c else None,
+                      last.kv_transfer_params if last is not None else None,
+                      time.perf_counter() - t, first)
+
+    while True:
+        cmd, arg = conn.recv()
+        try:
+            if cmd == "stop":  # the engine core and its worker go first; then no exit handler waits
+                llm.llm_engine.engine_core.shutdown()
+                conn.send(("ok", None))
+                conn.close()
+                os._exit(0)
+            if cmd == "generate":
+                prompts, deadline_s = arg
+                conn.send(("ok", [run(p, deadline_s) for p in prompts]))
+            elif cmd == "metrics":
+                if arg:  # a one-token request first: the gauges then describe the cache now
+                    run(Prompt([1], 1, salt=f"probe-{served}"), 60.0)
+                conn.send(("ok", _metrics(llm)))
+            elif cmd == "abort_while_loading":  # a decode request aborted with its read in flight
+                engine = llm.llm_engine
+                rid = submit(arg)
+                for _ in range(3):
+                    engine.step()
+                engine.abort_request([rid])
+                t = time.perf_counter()
+                while engine.has_unfinished_requests() and time.perf_counter() - t < 60:
+                    engine.step()
+                conn.send(("ok", time.perf_counter() - t))
+            else:
+                conn.send(("error", f"unknown command {cmd!r}"))
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def _metrics(llm) -> dict[str, float]:
+    """vLLM's counters and gauges by name (summed over labels); histograms as _sum and _count."""
+    vals: dict[str, float] = {}
+    for m in llm.get_metrics():
+        v = getattr(m, "value", None)
+        if isinstance(v, (int, float)):
+            vals[m.name] = vals.get(m.name, 0) + v
+        elif hasattr(m, "sum") and hasattr(m, "count"):
+            vals[m.name + "_sum"] = vals.get(m.name + "_sum", 0) + m.sum
+            vals[m.name + "_count"] = vals.get(m.name + "_count", 0) + m.count
+    return vals
+
+
+@dataclass
+class Engine:
+    name: str
+    proc: mp.Process
+    conn: object
+    start_s: float = 0.0
+
+    def _ask(self, cmd: str, arg=None, timeout_s: float = 600.0):
+        self.conn.send((cmd, arg))
+        if not self.conn.poll(timeout_s):
+            raise TimeoutError(f"engine {self.name}: no answer to {cmd} in {timeout_s} s")
+        status, value = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"engine {self.name}: {value}")
+        return value
+
+    def generate(self, prompts: list[Prompt], timeout_s: float = 600.0) -> list[Output]:
+        """The prompts one after another; each request gives up (aborted) after timeout_s."""
+        return self._ask("generate", (prompts, timeout_s), timeout_s * len(prompts) + 30)
+
+    def metrics(self, probe: bool = False) -> dict[str, float]:
+        """vLLM's metrics; probe: after a one-token request, so the cache gauges are current."""
+        return self._ask("metrics", probe)
+
+    def abort_while_loading(self, prompt: Prompt) -> float:
+        return self._ask("abort_while_loading", prompt)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("stop", None))
+                self.conn.poll(timeout_s)
+            except (BrokenPipeError, OSError):
+                pass
+            self.proc.join(timeout_s)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever of its group is left
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.join(10)
+
+
+@dataclass
+class Engines:
+    """Engine processes over one model; stopped (then killed if need be) on exit."""
+
+    model: str
+    engines: list[Engine] = field(default_factory=list)
+
+    def start(self, name: str, block_size: int, core: int, role: str | None = "kv_both",
+              connector: str = CONNECTOR, extra: dict | None = None, policy: str = "recompute",
+              max_len: int = 1024, num_blocks: int | None = None, env: dict | None = None,
+              wait: bool = True,
+              timeout_s: float = 300.0) -> Engine:
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_engine_main, name=f"engine-{name}", daemon=False,
+                           args=(child, self.model, name, block_size, core, role, connector,
+                                 dict(extra or {}), policy, max_len, num_blocks, dict(env or {})))
+        proc.start()
+        e = Engine(name, proc, parent)
+        self.engines.append(e)
+        if wait:
+            self.wait(e, timeout_s)
+        return e
+
+    def wait(self, e: Engine, timeout_s: float = 300.0) -> Engine:
+        if not e.conn.poll(timeout_s):
+            raise TimeoutError(f"engine {e.name} did not start in {timeout_s} s")
+        status, value = e.conn.recv()
+        if status != "ready":
+            raise RuntimeError(f"engine {e.name} failed to start: {value}")
+        e.start_s = value
+        return e
+
+    def __enter__(self) -> "Engines":
+        if threading.current_thread() is threading.main_thread():  # a SIGTERM stops them too
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for e in self.engines:
+            e.stop()
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(f"signal {signum}")
+
+
+def tiny_model_dir() -> str:
+    return make_model(tempfile.mkdtemp(prefix="kvc-tiny-llama-"))

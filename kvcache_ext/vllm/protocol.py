@@ -1,0 +1,91 @@
+"""What travels between the connector's halves and between engines: the request protocol of vLLM's
+NixlConnector (a prefill request asks for `do_remote_decode`; its RequestOutput.kv_transfer_params,
+handed unchanged to the decode request, say where the prompt's blocks are), and the metadata the
+scheduler hands its worker each step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorHandshakeMetadata,
+                                                               KVConnectorMetadata)
+
+# Every key NixlConnector's producer returns (proxies written for it pass them through), and the
+# connector's own: which instance of the producer's worker holds the blocks, and which hand-off.
+NIXL_PARAM_KEYS = ("do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id",
+                   "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size",
+                   "pp_size", "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode")
+OWN_PARAM_KEYS = ("remote_instance", "remote_generation")
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Where a prompt's cache is: the producer's side channel and worker instance, its block ids
+    (one list per KV-cache group), and which hand-off of which request."""
+
+    host: str
+    port: int
+    engine_id: str
+    instance: str
+    request_id: str
+    generation: int
+    block_ids: tuple[int, ...]
+    num_tokens: int
+    expiry_time: float
+
+    @classmethod
+    def from_params(cls, p: dict) -> "Remote":
+        """ValueError naming the key when the parameters are not a producer's."""
+        missing = [k for k in ("remote_block_ids", "remote_engine_id", "remote_request_id",
+                               "remote_host", "remote_port", "remote_num_tokens",
+                               "remote_instance", "remote_generation") if k not in p]
+        if missing:
+            raise ValueError(f"kv_transfer_params lack {missing}: not a KvcacheExtConnector "
+                             f"producer's parameters")
+        groups = p["remote_block_ids"]
+        if not isinstance(groups, (list, tuple)) or len(groups) != 1:
+            raise ValueError(f"kv_transfer_params['remote_block_ids'] must hold one list of block "
+                             f"ids (one KV-cache group), got {groups!r:.80}")
+        expiry = p.get("remote_blocks_expiry_time")
+        return cls(str(p["remote_host"]), int(p["remote_port"]), str(p["remote_engine_id"]),
+                   str(p["remote_instance"]), str(p["remote_request_id"]),
+                   int(p["remote_generation"]), tuple(int(b) for b in groups[0]),
+                   int(p["remote_num_tokens"]), float(expiry) if expiry is not None else 0.0)
+
+
+@dataclass
+class RecvSpec:
+    """Consumer: read tokens start .. start + count of a prompt into local_block_ids. `error`:
+    the parameters were refused before any read (the load fails at once)."""
+
+    request_id: str
+    remote: Remote | None
+    local_block_ids: list[int]
+    start: int
+    count: int
+    error: str = ""
+    debug: dict = field(default_factory=dict)  # kvc_debug_* keys of the parameters (config.py)
+
+
+@dataclass
+class SendSpec:
+    """Producer: a finished prompt whose blocks wait for a consumer's read."""
+
+    request_id: str
+    generation: int
+    expiry_time: float  # time.time() after which they are freed unread
+
+
+@dataclass
+class KvcacheExtMetadata(KVConnectorMetadata):
+    recv: dict[str, RecvSpec] = field(default_factory=dict)
+    send: dict[str, SendSpec] = field(default_factory=dict)
+    release: dict[str, Remote] = field(default_factory=dict)  # prompts held locally: free theirs
+
+
+@dataclass
+class WorkerAddress(KVConnectorHandshakeMetadata):
+    """A worker's side channel and instance, for its scheduler's kv_transfer_params."""
+
+    host: str
+    port: int
+    instance: str

@@ -1,0 +1,91 @@
+"""The connector's scheduler half (in vLLM's EngineCore process): which prompts to read from a
+producer and into which blocks (consumer), and which finished prompts' blocks to hold for a
+reader (producer). Side-effect free where vLLM asks it to be; the state it gathers goes to the
+worker in each step's metadata."""
+from __future__ import annotations
+
+import itertools
+import time
+
+from vllm.v1.request import RequestStatus
+
+from .config import ConnectorConfig
+from .protocol import KvcacheExtMetadata, RecvSpec, Remote, SendSpec, WorkerAddress
+
+_FINISHED_OK = (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
+
+
+class SchedulerSide:
+    def __init__(self, vllm_config, cfg: ConnectorConfig) -> None:
+        self.cfg = cfg
+        self.engine_id = vllm_config.kv_transfer_config.engine_id
+        self.block_size = vllm_config.cache_config.block_size
+        self.address: WorkerAddress | None = None  # the worker's, from its handshake metadata
+        self._generations = itertools.count(1)
+        self._meta = KvcacheExtMetadata()
+
+    def set_worker_address(self, address: WorkerAddress) -> None:
+        self.address = address
+
+    # ---- consumer ------------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        """A decode request with a producer's parameters: the prompt tokens past the local
+        prefix hit come from the producer, asynchronously."""
+        p = request.kv_transfer_params
+        if not p or not p.get("do_remote_prefill"):
+            return 0, False
+        count = len(request.prompt_token_ids or ()) - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        p = request.kv_transfer_params
+        if not p or not p.get("do_remote_prefill"):
+            return
+        p["do_remote_prefill"] = False  # one read per request
+        try:
+            remote, error = Remote.from_params(p), ""
+        except (ValueError, TypeError) as e:
+            remote, error = None, str(e)
+        if num_external_tokens == 0:  # the whole prompt was held locally: free the producer's
+            if remote is not None:
+                self._meta.release[request.request_id] = remote
+            return
+        group = blocks.blocks[0]
+        local_hit = sum(b.block_hash is not None and not b.is_null for b in group)
+        self._meta.recv[request.request_id] = RecvSpec(
+            request.request_id, remote, list(blocks.get_block_ids()[0]),
+            local_hit * self.block_size, num_external_tokens, error,
+            {k[len("kvc_debug_"):]: v for k, v in p.items() if k.startswith("kvc_debug_")})
+
+    # ---- producer ------------------------------------------------------------------------------
+    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict | None]:
+        """A finished prefill asked for a remote decode: hold its blocks for the reader, and say
+        where they are (NixlConnector's keys, and the hand-off's instance and generation)."""
+        p = request.kv_transfer_params
+        if p and p.get("do_remote_prefill"):  # a decode request that ended before its read: the
+            p["do_remote_prefill"] = False      # producer may free the prompt's blocks now
+            try:
+                self._meta.release[request.request_id] = Remote.from_params(p)
+            except (ValueError, TypeError):
+                pass
+            return False, None
+        if not p or not p.get("do_remote_decode") or request.status not in _FINISHED_OK:
+            return False, None
+        if not block_ids or self.address is None:
+            return False, None
+        generation = next(self._generations)
+        expiry = time.time() + self.cfg.hold_timeout_s
+        self._meta.send[request.request_id] = SendSpec(request.request_id, generation, expiry)
+        return True, {
+            "do_remote_prefill": True, "do_remote_decode": False,
+            "remote_block_ids": [list(block_ids)], "remote_engine_id": self.engine_id,
+            "remote_request_id": request.request_id, "remote_host": self.address.host,
+            "remote_port": self.address.port, "tp_size": 1, "dcp_size": 1, "pp_size": 1,
+            "remote_num_tokens": request.num_computed_tokens,
+            "remote_blocks_expiry_time": expiry, "transfer_mode": "pull",
+            "remote_instance": self.address.instance, "remote_generation": generation,
+        }
+
+    def build_connector_meta(self) -> KvcacheExtMetadata:
+        meta, self._meta = self._meta, KvcacheExtMetadata()
+        return meta

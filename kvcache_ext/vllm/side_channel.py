@@ -1,0 +1,78 @@
+"""The side channel between a consumer's worker and a producer's worker: small request-reply
+messages over TCP (a JSON header and an optional binary blob, each length-prefixed), served by
+a thread of the producer's worker. Every call is bounded by its timeout."""
+from __future__ import annotations
+
+import json
+import socket
+import socketserver
+import struct
+import threading
+from typing import Callable
+
+_HEADER = struct.Struct("<II")  # JSON bytes, blob bytes
+
+
+def send(sock: socket.socket, message: dict, blob: bytes = b"") -> None:
+    head = json.dumps(message).encode()
+    sock.sendall(_HEADER.pack(len(head), len(blob)) + head + blob)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the side channel closed mid-message")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def recv(sock: socket.socket) -> tuple[dict, bytes]:
+    n_head, n_blob = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
+    return json.loads(_recv_exactly(sock, n_head)), _recv_exactly(sock, n_blob)
+
+
+def call(host: str, port: int, message: dict, timeout_s: float) -> tuple[dict, bytes]:
+    """One request and its reply; OSError / TimeoutError / ConnectionError when the producer
+    does not answer within timeout_s."""
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        sock.settimeout(timeout_s)
+        send(sock, message)
+        return recv(sock)
+
+
+Handler = Callable[[dict], tuple[dict, bytes]]
+
+
+class Server:
+    """Serves `handler(message) -> (reply, blob)` on (host, port); port 0 picks a free one."""
+
+    def __init__(self, host: str, port: int, handler: Handler) -> None:
+        class _Request(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                self.request.settimeout(30.0)
+                try:
+                    message, _ = recv(self.request)
+                    reply, blob = handler(message)
+                except Exception as e:  # noqa: BLE001 - a bad request gets its error back
+                    reply, blob = {"ok": False, "why": f"{type(e).__name__}: {e}"}, b""
+                try:
+                    send(self.request, reply, blob)
+                except OSError:
+                    pass
+
+        class _Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = _Server((host, port), _Request)
+        self.host, self.port = host, self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="kvc-side-channel",
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

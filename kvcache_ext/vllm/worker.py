@@ -1,0 +1,282 @@
+"""The connector's worker half (in vLLM's worker process, which owns the cache): the cache as a
+kvcache_ext plan registered with a kvcache_ext.nixl Endpoint, a side channel a consumer asks for
+the producer's metadata and for leave to read a prompt's blocks, and the reads themselves --
+kvc.TransferPlan(producer plan, own plan).token_spans between any two block sizes, one NIXL read
+per prompt, in a thread of its own so no engine step waits, every wait bounded by the timeout.
+
+A producer holds a finished prompt's blocks (vLLM frees them when get_transfer_results reports
+the request as sent) until the consumer releases them or the hold times out; a read the producer
+granted extends the hold until the read's own deadline. Parameters whose instance or generation
+the producer does not hold are refused: never read as wrong bytes."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+from .. import nixl as kvc_nixl
+from ..transfer import TransferPlan
+from .cache_plan import cache_of
+from .config import ConnectorConfig
+from .protocol import KvcacheExtMetadata, RecvSpec, Remote, WorkerAddress
+from .side_channel import Server, call
+
+log = logging.getLogger("kvcache_ext.vllm")
+_ACQUIRE_WAIT_S = 5.0  # a read may ask before the producer's worker has its step's metadata
+
+
+@dataclass
+class _Hold:
+    generation: int
+    expiry_time: float        # time.time(): freed unread after this
+    read_deadline: float = 0  # time.time(): a granted read holds the blocks until then
+
+
+class LoadError(RuntimeError):
+    """A prompt's cache could not be read (the request then fails or is recomputed)."""
+
+
+class WorkerSide:
+    def __init__(self, vllm_config, kv_cache_config, cfg: ConnectorConfig) -> None:
+        self.cfg = cfg
+        self.engine_id = str(vllm_config.kv_transfer_config.engine_id)
+        self.layer_names = list(kv_cache_config.kv_cache_groups[0].layer_names)
+        self.dp_index = int(getattr(vllm_config.parallel_config, "data_parallel_index", 0) or 0)
+        self.instance = uuid.uuid4().hex[:12]
+        self._cond = threading.Condition()
+        self._holds: dict[str, _Hold] = {}
+        self._sent: set[str] = set()
+        self._recv_done: set[str] = set()
+        self._recv_failed: set[str] = set()
+        self._bad_blocks: set[int] = set()
+        self._peers: dict[tuple[str, int], tuple[str, str, kvc_nixl.Peer]] = {}
+        self._peer_lock = threading.Lock()
+        self.ep: kvc_nixl.Endpoint | None = None
+        self.elem_bytes = 0
+        self.server: Server | None = None
+
+    # ---- start-up ------------------------------------------------------------------------------
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        cache = cache_of(kv_caches, self.layer_names)
+        self.elem_bytes = next(iter(kv_caches.values())).element_size()
+        self.ep = kvc_nixl.Endpoint(f"kvc-{self.engine_id[:12]}-{self.instance}", cache)
+        self.server = Server(self.cfg.host(), self.cfg.port(self.dp_index), self._serve)
+        log.info("KvcacheExtConnector: %s, side channel %s:%d", cache.plan.layout, self.server.host,
+                 self.server.port)
+
+    def address(self) -> WorkerAddress | None:
+        if self.server is None:
+            return None
+        return WorkerAddress(self.server.host, self.server.port, self.instance)
+
+    def shutdown(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        if self.ep is not None:
+            self.ep.close()
+
+    # ---- each step -----------------------------------------------------------------------------
+    def start(self, meta: KvcacheExtMetadata) -> None:
+        with self._cond:
+            for rid, s in meta.send.items():
+                self._holds[rid] = _Hold(s.generation, s.expiry_time)
+            self._cond.notify_all()
+        for rs in meta.recv.values():
+            threading.Thread(target=self._load, args=(rs,), name="kvc-load", daemon=True).start()
+        for remote in meta.release.values():
+            self._release_later(remote)
+
+    def results(self) -> tuple[set[str], set[str], set[str]]:
+        """(finished sending, finished receiving, failed receiving); expired holds are freed."""
+        now = time.time()
+        with self._cond:
+            for rid, h in list(self._holds.items()):
+                if now > (h.read_deadline if h.read_deadline else h.expiry_time):
+                    log.warning("KvcacheExtConnector: freeing %s's blocks unread after the hold "
+                                "timeout", rid)
+                    del self._holds[rid]
+                    self._sent.add(rid)
+            sent, self._sent = self._sent, set()
+            failed, self._recv_failed = self._recv_failed, set()
+            done, self._recv_done = self._recv_done, set()
+        return sent, done | failed, failed
+
+    def bad_blocks(self) -> set[int]:
+        with self._cond:
+            bad, self._bad_blocks = self._bad_blocks, set()
+        return bad
+
+    # ---- producer: the side channel ------------------------------------------------------------
+    def _serve(self, m: dict) -> tuple[dict, bytes]:
+        op = m.get("op")
+        if op == "meta":
+            return {"ok": True, "engine_id": self.engine_id, "instance": self.instance,
+                    "layers": self.layer_names}, self.ep.metadata()
+        if op == "acquire":
+            time.sleep(float(m.get("debug_delay_s", 0.0)))
+            rid, gen = str(m["request_id"]), int(m["generation"])
+            if m.get("instance") != self.instance:
+                return {"ok": False, "why": f"this is instance {self.instance}, the read names "
+                                            f"{m.get('instance')} (restarted: its blocks are "
+                                            f"gone)"}, b""
+            with self._cond:
+                self._cond.wait_for(lambda: rid in self._holds, timeout=_ACQUIRE_WAIT_S)
+                h = self._holds.get(rid)
+                if h is None or h.generation != gen:
+                    return {"ok": False, "why": f"request {rid} (hand-off {gen}) holds no blocks "
+                                                f"here: freed, reused or never sent"}, b""
+                if time.time() > h.expiry_time:
+                    del self._holds[rid]
+                    self._sent.add(rid)
+                    return {"ok": False, "why": f"request {rid}'s blocks were freed: the hold "
+                                                f"timed out"}, b""
+                h.read_deadline = time.time() + float(m.get("timeout_s", self.cfg.read_timeout_s))
+            return {"ok": True}, b""
+        if op == "release":
+            rid, gen = str(m["request_id"]), int(m["generation"])
+            with self._cond:
+                h = self._holds.get(rid)
+                if h is not None and h.generation == gen:
+                    del self._holds[rid]
+                    self._sent.add(rid)
+            return {"ok": True}, b""
+        return {"ok": False, "why": f"unknown op {op!r}"}, b""
+
+    # ---- consumer: one prompt's read -----------------------------------------------------------
+    def _peer(self, r: Remote, timeout_s: float) -> kvc_nixl.Peer:
+        """The producer's Endpoint as a peer: its metadata over the side channel (once per
+        producer instance), checked against the parameters on every read (engine id and
+        instance: a restarted producer is another one)."""
+        with self._peer_lock:
+            known = self._peers.get((r.host, r.port))
+            if known is None or known[1] != r.instance:
+                reply, blob = call(r.host, r.port, {"op": "meta"}, timeout_s)
+                if reply.get("layers") != self.layer_names:
+                    raise LoadError(f"the producer's layers {reply.get('layers')} are not this "
+                                    f"engine's {self.layer_names}")
+                if known is not None:
+                    self.ep.remove_peer(known[2])
+                    del self._peers[(r.host, r.port)]
+                peer = self.ep.add_peer(blob)
+                known = (str(reply.get("engine_id")), str(reply.get("instance")), peer)
+                self._peers[(r.host, r.port)] = known
+        engine_id, instance, peer = known
+        if engine_id != r.engine_id:
+            raise LoadError(f"the producer at {r.host}:{r.port} is engine {engine_id!r}, the "
+                            f"parameters name {r.engine_id!r}")
+        if instance != r.instance:
+            raise LoadError(f"the producer at {r.host}:{r.port} is instance {instance!r}, the "
+                            f"parameters name {r.instance!r} (restarted: the blocks are gone)")
+        return peer
+
+    def _local_spans(self, rs: RecvSpec) -> torch.Tensor:
+        table = torch.tensor(rs.local_block_ids, dtype=torch.int32)
+        return TransferPlan(self.ep.plan, self.ep.plan).token_spans(table, table, rs.count,
+                                                                   rs.start, rs.start)
+
+    def _fill(self, rs: RecvSpec, value: int) -> None:
+        for d, n in self._local_spans(rs)[:, 1:].tolist():
+            self.ep.cache.buffer[d:d + n] = value
+
+    def _negate(self, spans: torch.Tensor) -> None:
+        es = self.elem_bytes
+        ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[es]
+        sign = -(1 << (8 * es - 1))
+        for d, n in spans[:, 1:].tolist():
+            rows = self.ep.cache.buffer[d:d + n].view(ints)
+            rows ^= sign
+
+    def _load(self, rs: RecvSpec) -> None:
+        dbg = rs.debug
+        t0 = time.monotonic()
+        deadline = t0 + float(dbg.get("timeout_s", self.cfg.read_timeout_s))
+        left = lambda: max(deadline - time.monotonic(), 0.001)  # noqa: E731
+        handle, spans, error, xfer = None, None, "", None
+        times: dict[str, float] = {}  # seconds of each stage, for the stats line
+
+        def lap(stage: str, since: float) -> float:
+            now = time.monotonic()
+            times[stage] = now - since
+            return now
+        try:
+            if self.cfg.poison_before_load:  # rows never written read as NaN
+                self._fill(rs, 0xFF)
+            if rs.error or rs.remote is None:
+                raise LoadError(f"kv_transfer_params refused: {rs.error}")
+            r = rs.remote
+            if r.expiry_time and time.time() > r.expiry_time:
+                raise LoadError(f"the parameters expired {time.time() - r.expiry_time:.1f} s ago: "
+                                f"the producer has freed those blocks")
+            if rs.start + rs.count > r.num_tokens:
+                raise LoadError(f"tokens {rs.start}..{rs.start + rs.count} asked, the producer "
+                                f"holds {r.num_tokens}")
+            time.sleep(min(float(dbg.get("delay_s", 0.0)), left()))
+            t = time.monotonic()
+            peer = self._peer(r, left())
+            t = lap("peer_s", t)
+            reply, _ = call(r.host, r.port, {"op": "acquire", "request_id": r.request_id,
+                                             "generation": r.generation, "instance": r.instance,
+                                             "timeout_s": left(),
+                                             "debug_delay_s": dbg.get("acquire_delay_s", 0.0)},
+                            left())
+            t = lap("acquire_s", t)
+            if not reply.get("ok"):
+                raise LoadError(f"the producer refused the read: {reply.get('why')}")
+            spans = TransferPlan(peer.plan, self.ep.plan).token_spans(
+                torch.tensor(r.block_ids, dtype=torch.int32),
+                torch.tensor(rs.local_block_ids, dtype=torch.int32), rs.count, rs.start, rs.start)
+            t = lap("plan_s", t)
+            handle = self.ep.read(peer, spans)
+            handle.wait(left())
+            xfer = handle.stats
+            handle = None
+            lap("read_s", t)
+            if dbg.get("corrupt"):  # the tokens must show it (tests): every value it read
+                self._negate(spans)  # negated, still finite
+            with self._cond:
+                self._recv_done.add(rs.request_id)
+            self._release_later(r)
+        except Exception as e:  # noqa: BLE001 - every failure is the request's, reported to vLLM
+            if handle is not None:
+                handle.cancel()  # NIXL aborts it: no byte lands after this
+            # A failed read may have left part of its rows written (or poisoned): zero them, as
+            # vLLM's cache starts, before vLLM recomputes into these blocks -- possibly in
+            # another order, so a row this read did not own may become an unwritten tail slot,
+            # which vLLM's CPU attention still multiplies (by 0: NaN * 0 is NaN).
+            self._fill(rs, 0)
+            error = f"{type(e).__name__}: {e}"
+            log.warning("KvcacheExtConnector: reading request %s's cache failed: %s",
+                        rs.request_id, error)
+            bs = self.ep.plan.block_size
+            first, end = rs.start // bs, -(-(rs.start + rs.count) // bs)
+            with self._cond:
+                self._recv_failed.add(rs.request_id)
+                self._bad_blocks.update(rs.local_block_ids[first:end])
+            if rs.remote is not None:
+                self._release_later(rs.remote)
+        if self.cfg.stats_path:
+            rec = {"request_id": rs.request_id, "start": rs.start, "tokens": rs.count,
+                   "spans": int(spans.shape[0]) if spans is not None else 0,
+                   "bytes": int(spans[:, 2].sum()) if spans is not None and len(spans) else 0,
+                   "seconds": time.monotonic() - t0, **times, "ok": not error, "error": error,
+                   "path": xfer.path if xfer else "", "pieces": xfer.pieces if xfer else 0,
+                   "staged_bytes": xfer.staged_bytes if xfer else 0}
+            with self._cond, open(self.cfg.stats_path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    def _release_later(self, r: Remote) -> None:
+        threading.Thread(target=self._release, args=(r,), name="kvc-release", daemon=True).start()
+
+    def _release(self, r: Remote, timeout_s: float | None = None) -> None:
+        """Tell the producer it may free the blocks (best effort: a gone producer frees them by
+        itself when its hold times out)."""
+        try:
+            call(r.host, r.port, {"op": "release", "request_id": r.request_id,
+                                  "generation": r.generation}, timeout_s or self.cfg.read_timeout_s)
+        except OSError as e:
+            log.info("KvcacheExtConnector: release of %s not delivered: %s", r.request_id, e)

