@@ -1,5 +1,5 @@
-// Host program: the AVX2 and AVX-512 row loops (csrc/cpu/rows_avx2.cpp, rows_avx512.cpp,
-// rows_avx512_decode.cpp) against the scalar ones (csrc/cpu/rows.cpp) byte for byte, each that
+// Host program: the AVX2 and AVX-512 row loops (csrc/cpu/rows_avx2.cpp, rows_avx512.cpp, both
+// from csrc/cpu/simd/rows_simd.h) against the scalar ones (csrc/cpu/rows.cpp) byte for byte, each that
 // this CPU has (AVX-512 also with its AVX512-BF16 decoding). fp32 -> e4m3 over every one of the
 // 2^32 float bit patterns with a power-of-two, a non-power-of-two and a negative scale, and a
 // sample of them under zero, inf, NaN and tiny scales; every bf16 / fp16 pattern under many

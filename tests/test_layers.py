@@ -166,3 +166,30 @@ def test_a_flat_module_is_in_no_layer(tmp_path, flat):
     with pytest.raises(AssertionError, match="is in no layer"):
         for m in modules(pkg):
             layer_of(m)
+
+
+SOURCE_ROOT = PKG.parent
+MAX_LINES = 400
+
+
+def long_sources(root: Path) -> list[str]:
+    """Source files of the package, the C++/CUDA code and the benchmarks over MAX_LINES lines."""
+    found = []
+    for folder in ("kvcache_ext", "csrc", "benchmarks"):
+        for f in sorted((root / folder).rglob("*")):
+            if f.suffix in {".py", ".cpp", ".h", ".cu", ".cuh", ".sh"} and "__pycache__" not in f.parts:
+                n = len(f.read_text().splitlines())
+                if n > MAX_LINES:
+                    found.append(f"{f.relative_to(root)}: {n} lines")
+    return found
+
+
+def test_no_source_file_holds_two_concerns_by_size():
+    """A file past MAX_LINES probably holds two concerns (tests may be longer)."""
+    assert long_sources(SOURCE_ROOT) == []
+
+
+def test_the_size_check_sees_a_long_file(tmp_path):
+    (tmp_path / "csrc").mkdir()
+    (tmp_path / "csrc" / "big.cpp").write_text("int x;\n" * (MAX_LINES + 1))
+    assert long_sources(tmp_path) == [f"csrc/big.cpp: {MAX_LINES + 1} lines"]

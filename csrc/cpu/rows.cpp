@@ -83,10 +83,46 @@ Mxfp4Words::Mxfp4Words(DType t) : out_dtype(t) {
   }
 }
 
-namespace {
-enum class Isa { kScalar, kAvx2, kAvx512 };
+namespace scalar {
+void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
+  for (int64_t k = 0; k < tiles; ++k)
+    amax[k] = row_amax(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile);
+}
 
-Isa pick_isa() {
+void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
+                    uint8_t* out) {
+  for (int64_t k = 0; k < tiles; ++k)
+    quantize_row(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile, scales[k], out + k * tile);
+}
+}  // namespace scalar
+
+namespace {
+// The row loops of one ISA: the table chosen once, while the library loads.
+struct RowLoops {
+  const char* name;
+  float (*row_amax)(const void*, DType, int64_t);
+  void (*quantize_row)(const void*, DType, int64_t, float, uint8_t*);
+  void (*tile_amax)(const void*, DType, int64_t, int64_t, int64_t, float*);
+  void (*quantize_tiles)(const void*, DType, int64_t, int64_t, int64_t, const float*, uint8_t*);
+  void (*decode_row)(const uint8_t*, int64_t, float, DType, uint8_t*);
+  void (*stream_copy)(uint8_t*, const uint8_t*, int64_t);
+  void (*e2m1_blocks)(const uint16_t*, int64_t, const int32_t*, uint8_t*);
+  void (*e2m1_decode_blocks)(const uint8_t*, const uint8_t*, int64_t, const Mxfp4Words&, uint8_t*);
+};
+
+constexpr RowLoops kScalar{"scalar", scalar::row_amax, scalar::quantize_row, scalar::tile_amax,
+                           scalar::quantize_tiles, scalar::decode_row, scalar::stream_copy,
+                           scalar::e2m1_blocks, scalar::e2m1_decode_blocks};
+constexpr RowLoops kAvx2{"avx2", avx2::row_amax, avx2::quantize_row, avx2::tile_amax, avx2::quantize_tiles,
+                         avx2::decode_row, scalar::stream_copy, avx2::e2m1_blocks, avx2::e2m1_decode_blocks};
+constexpr RowLoops kAvx512{"avx512", avx512::row_amax, avx512::quantize_row, avx512::tile_amax,
+                           avx512::quantize_tiles, avx512::decode_row, avx512::stream_copy,
+                           avx512::e2m1_blocks, avx512::e2m1_decode_blocks};
+constexpr RowLoops kAvx512Bf16{"avx512+bf16", avx512::row_amax, avx512::quantize_row, avx512::tile_amax,
+                               avx512::quantize_tiles, avx512::decode_row_bf16, avx512::stream_copy,
+                               avx512::e2m1_blocks, avx512::e2m1_decode_blocks};
+
+const RowLoops& pick_loops() {
   const char* cap = std::getenv("KVC_CPU_ISA");
   std::string want = cap ? cap : "avx512";
   if (want != "scalar" && want != "avx2" && want != "avx512") {
@@ -95,81 +131,44 @@ Isa pick_isa() {
                  "using the widest this CPU has\n", want.c_str());
     want = "avx512";
   }
-  if (want == "avx512" && avx512::supported()) return Isa::kAvx512;
-  if (want != "scalar" && avx2::supported()) return Isa::kAvx2;
-  return Isa::kScalar;
+  if (want == "avx512" && avx512::supported()) return avx512::bf16_supported() ? kAvx512Bf16 : kAvx512;
+  if (want != "scalar" && avx2::supported()) return kAvx2;
+  return kScalar;
 }
 
-const Isa kIsa = pick_isa();
-const bool kBf16 = kIsa == Isa::kAvx512 && avx512::bf16_supported();
+const RowLoops& kLoops = pick_loops();
 }  // namespace
 
-const char* isa() {
-  if (kIsa == Isa::kAvx512) return kBf16 ? "avx512+bf16" : "avx512";
-  return kIsa == Isa::kAvx2 ? "avx2" : "scalar";
-}
+const char* isa() { return kLoops.name; }
 
-float row_amax(const void* src, DType t, int64_t n) {
-  switch (kIsa) {
-    case Isa::kAvx512: return avx512::row_amax(src, t, n);
-    case Isa::kAvx2: return avx2::row_amax(src, t, n);
-    default: return scalar::row_amax(src, t, n);
-  }
-}
+float row_amax(const void* src, DType t, int64_t n) { return kLoops.row_amax(src, t, n); }
 
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
-  switch (kIsa) {
-    case Isa::kAvx512: return avx512::quantize_row(src, t, n, scale, out);
-    case Isa::kAvx2: return avx2::quantize_row(src, t, n, scale, out);
-    default: return scalar::quantize_row(src, t, n, scale, out);
-  }
+  kLoops.quantize_row(src, t, n, scale, out);
 }
 
 void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
-  if (kIsa == Isa::kAvx512) return avx512::tile_amax(src, t, tiles, tile, stride, amax);
-  if (kIsa == Isa::kAvx2) return avx2::tile_amax(src, t, tiles, tile, stride, amax);
-  for (int64_t k = 0; k < tiles; ++k)
-    amax[k] = row_amax(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile);
+  kLoops.tile_amax(src, t, tiles, tile, stride, amax);
 }
 
 void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
                     uint8_t* out) {
-  if (kIsa == Isa::kAvx512) return avx512::quantize_tiles(src, t, tiles, tile, stride, scales, out);
-  if (kIsa == Isa::kAvx2) return avx2::quantize_tiles(src, t, tiles, tile, stride, scales, out);
-  for (int64_t k = 0; k < tiles; ++k)
-    quantize_row(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile, scales[k], out + k * tile);
+  kLoops.quantize_tiles(src, t, tiles, tile, stride, scales, out);
 }
 
+void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
+  kLoops.decode_row(codes, n, scale, out_dtype, out);
+}
+
+void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) { kLoops.stream_copy(dst, src, bytes); }
+
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
-  switch (kIsa) {
-    case Isa::kAvx512: return avx512::e2m1_blocks(x, blocks, exps, packed);
-    case Isa::kAvx2: return avx2::e2m1_blocks(x, blocks, exps, packed);
-    default: return scalar::e2m1_blocks(x, blocks, exps, packed);
-  }
+  kLoops.e2m1_blocks(x, blocks, exps, packed);
 }
 
 void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
                         const Mxfp4Words& words, uint8_t* out) {
-  switch (kIsa) {
-    case Isa::kAvx512: return avx512::e2m1_decode_blocks(packed, scale_bytes, blocks, words, out);
-    case Isa::kAvx2: return avx2::e2m1_decode_blocks(packed, scale_bytes, blocks, words, out);
-    default: return scalar::e2m1_decode_blocks(packed, scale_bytes, blocks, words, out);
-  }
-}
-
-void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) {
-  if (kIsa == Isa::kAvx512) return avx512::stream_copy(dst, src, bytes);
-  scalar::stream_copy(dst, src, bytes);
-}
-
-void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
-  switch (kIsa) {
-    case Isa::kAvx512:
-      return kBf16 ? avx512::decode_row_bf16(codes, n, scale, out_dtype, out)
-                   : avx512::decode_row(codes, n, scale, out_dtype, out);
-    case Isa::kAvx2: return avx2::decode_row(codes, n, scale, out_dtype, out);
-    default: return scalar::decode_row(codes, n, scale, out_dtype, out);
-  }
+  kLoops.e2m1_decode_blocks(packed, scale_bytes, blocks, words, out);
 }
 
 }  // namespace kvc::cpu

@@ -1,10 +1,11 @@
 // Hot per-row loops of the CPU kernels: amax, fp8 quantization and fp8 decoding of a row of
 // n values. Three implementations give the same bytes: portable scalar code (branch-free, which
-// GCC auto-vectorizes), AVX2 intrinsics (rows_avx2.cpp) and AVX-512 intrinsics (rows_avx512.cpp
-// encoding, rows_avx512_decode.cpp decoding), each compiled for its ISA function by function, so
-// the library still loads on any x86-64. The public functions pick the widest the CPU has at
-// load time (KVC_CPU_ISA=scalar|avx2|avx512 caps it, for comparisons); tests/rows_exhaustive.cpp
-// compares each SIMD version with the scalar one on every float.
+// GCC auto-vectorizes), and AVX2 (rows_avx2.cpp) and AVX-512 (rows_avx512.cpp) loops, written
+// once for any vector width (simd/rows_simd.h) and compiled for each ISA function by function,
+// so the library still loads on any x86-64. The public functions call through one table of the
+// widest loops the CPU has, chosen at load (KVC_CPU_ISA=scalar|avx2|avx512 caps it, for
+// comparisons); tests/rows_exhaustive.cpp compares each SIMD version with the scalar one on
+// every float.
 #pragma once
 #include <cstdint>
 
@@ -52,6 +53,9 @@ void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64
 namespace scalar {
 float row_amax(const void* src, DType t, int64_t n);
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
+void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax);
+void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
+                    uint8_t* out);
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);  // 16-B stores (SSE2)
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
