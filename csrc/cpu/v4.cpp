@@ -22,30 +22,27 @@ const uint16_t* as_bf16(const void* src, DType t, int64_t n, uint16_t* buf) {
   return buf;
 }
 
-void mla_row(const uint16_t* x, bool scale_floor, uint8_t* data, uint8_t* scales) {
-  float s[kV4Tiles];
-  tile_amax(x, DType::kBFloat16, kV4Tiles, kV4Tile, kV4Tile, s);
-  for (int64_t k = 0; k < kV4Tiles; ++k) {
+// tiles x tile values under power-of-two scales (v4_mla_exponent): codes into data, scale bytes
+// (UE8M0) into scales.
+void pow2_tiles(const uint16_t* x, int64_t tiles, int64_t tile, bool scale_floor, uint8_t* data,
+                uint8_t* scales) {
+  float s[kV41Tiles];  // the most tiles a row has (V4.1: 16)
+  tile_amax(x, DType::kBFloat16, tiles, tile, tile, s);
+  for (int64_t k = 0; k < tiles; ++k) {
     const int32_t e = v4_mla_exponent(s[k], scale_floor);
     // IEEE division by 2^e (inf for a tile holding +-inf: finite values -> +-0, inf -> NaN code)
     s[k] = pow2f(e);
     scales[k] = v4_scale_byte(e);
   }
-  quantize_tiles(x, DType::kBFloat16, kV4Tiles, kV4Tile, kV4Tile, s, data);
+  quantize_tiles(x, DType::kBFloat16, tiles, tile, tile, s, data);
+}
+static_assert(kV4Tiles <= kV41Tiles);
+
+// V4's 584-B row: 7 tiles of 64 NoPE values in fp8, the RoPE values as bf16.
+void mla_row(const uint16_t* x, bool scale_floor, uint8_t* data, uint8_t* scales) {
+  pow2_tiles(x, kV4Tiles, kV4Tile, scale_floor, data, scales);
   std::memcpy(data + kV4Nope, x + kV4Nope, 2 * (kV4Dim - kV4Nope));
   scales[kV4Tiles] = 0;
-}
-
-// V4.1's record: all 512 values in 16 tiles of 32, each its own power-of-two scale.
-void mxfp8_row(const uint16_t* x, bool scale_floor, uint8_t* data, uint8_t* scales) {
-  float s[kV41Tiles];
-  tile_amax(x, DType::kBFloat16, kV41Tiles, kV41Tile, kV41Tile, s);
-  for (int64_t k = 0; k < kV41Tiles; ++k) {
-    const int32_t e = v4_mla_exponent(s[k], scale_floor);
-    s[k] = pow2f(e);
-    scales[k] = v4_scale_byte(e);
-  }
-  quantize_tiles(x, DType::kBFloat16, kV41Tiles, kV41Tile, kV41Tile, s, data);
 }
 
 void mxfp4_row(const uint16_t* x, uint8_t* packed, uint8_t* scales) {
@@ -106,7 +103,7 @@ void write_token(const V4WriteParams& p, int64_t t, int64_t slot, uint16_t* buf,
   if (p.format == V4Format::kMla)
     mla_row(x, p.scale_floor, staged, p.view.base + a.last);
   else if (p.format == V4Format::kMxfp8)
-    mxfp8_row(x, p.scale_floor, staged, p.view.base + a.last);
+    pow2_tiles(x, kV41Tiles, kV41Tile, p.scale_floor, staged, p.view.base + a.last);  // V4.1: all 512 values
   else
     mxfp4_row(x, staged, p.view.base + a.last);
   stream_row(p.view.base + a.first, staged, v4_data_bytes(p.format));

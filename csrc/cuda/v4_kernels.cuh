@@ -38,6 +38,21 @@ __device__ __forceinline__ void load16_as_bf16(const void* x, int64_t first, flo
   }
 }
 
+// 16 values x over 2^e, e from their tile's amax (v4_mla_exponent), as e4m3 codes stored at dst;
+// returns e.
+__device__ __forceinline__ int32_t pow2_codes16(const float* x, float amax, bool scale_floor, uint8_t* dst) {
+  const int32_t e = v4_mla_exponent(amax, scale_floor);
+  // x / 2^e: by the exact reciprocal, or by IEEE division when 2^e is inf (a tile with +-inf)
+  const float scale = pow2f(e), recip = exact_recip(scale);
+  uint32_t codes[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    codes[i] = pack4_e4m3(div_by(x[4 * i], scale, recip), div_by(x[4 * i + 1], scale, recip),
+                          div_by(x[4 * i + 2], scale, recip), div_by(x[4 * i + 3], scale, recip));
+  store_words(dst, codes);
+  return e;
+}
+
 // Token t's 584-B row, by the 32 lanes of a warp (all of them: the amax takes shuffles).
 template <DType kIn>
 __device__ __forceinline__ void v4_mla_token(const V4WriteParams& p, int64_t t, int64_t slot,
@@ -52,15 +67,7 @@ __device__ __forceinline__ void v4_mla_token(const V4WriteParams& p, int64_t t, 
   const SplitAddress a = split_address(p.view, slot, kV4DataBytes, kV4ScaleBytes);
   uint8_t* data = p.view.base + a.first;
   if (lane < kV4NopeLanes) {
-    const int32_t e = v4_mla_exponent(amax, p.scale_floor);
-    // x / 2^e: by the exact reciprocal, or by IEEE division when 2^e is inf (a tile with +-inf)
-    const float scale = pow2f(e), recip = exact_recip(scale);
-    uint32_t codes[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      codes[i] = pack4_e4m3(div_by(x[4 * i], scale, recip), div_by(x[4 * i + 1], scale, recip),
-                            div_by(x[4 * i + 2], scale, recip), div_by(x[4 * i + 3], scale, recip));
-    store_words(data + 16 * lane, codes);
+    const int32_t e = pow2_codes16(x, amax, p.scale_floor, data + 16 * lane);
     if (lane % 4 == 0) p.view.base[a.last + lane / 4] = v4_scale_byte(e);
   } else {
     uint32_t w[8];  // RoPE: the bf16 bits as they are
@@ -83,14 +90,7 @@ __device__ __forceinline__ void v41_token(const V4WriteParams& p, int64_t t, int
   amax = group_max<2>(amax);
   if (!p.view.valid_slot(slot)) return;
   const SplitAddress a = split_address(p.view, slot, kV41DataBytes, kV41ScaleBytes);
-  const int32_t e = v4_mla_exponent(amax, p.scale_floor);
-  const float scale = pow2f(e), recip = exact_recip(scale);
-  uint32_t codes[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    codes[i] = pack4_e4m3(div_by(x[4 * i], scale, recip), div_by(x[4 * i + 1], scale, recip),
-                          div_by(x[4 * i + 2], scale, recip), div_by(x[4 * i + 3], scale, recip));
-  store_words(p.view.base + a.first + 16 * lane, codes);
+  const int32_t e = pow2_codes16(x, amax, p.scale_floor, p.view.base + a.first + 16 * lane);
   if (lane % 2 == 0) p.view.base[a.last + lane / 2] = v4_scale_byte(e);
 }
 
@@ -163,79 +163,74 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_pair_write_kernel(V
   mxfp4_token<kIn>(idx, t, slot, lane % kIndexerLanes, lane < kIndexerLanes);
 }
 
-// One 584-B row (slot valid, or < 0 for a zero row) into out, by the lanes of one warp.
+// The values of one 584-B row (data, footer) into out, by the lanes of one warp.
 template <MlaGatherMode kMode>
-__device__ __forceinline__ void v4_mla_read_row(const PagedView& v, int64_t slot, uint8_t* out,
-                                                int lane) {
-  if (slot < 0) {
-    warp_zero(out, v4_out_row_bytes(V4Format::kMla, kMode), lane);
-    return;
-  }
-  const SplitAddress a = split_address(v, slot, kV4DataBytes, kV4ScaleBytes);
-  const uint8_t* data = v.base + a.first;
-  if constexpr (kMode == MlaGatherMode::kCopyRow) {
-    warp_copy(out, data, kV4DataBytes, lane);
-    if (lane < kV4ScaleBytes) out[kV4DataBytes + lane] = v.base[a.last + lane];
-    return;
+__device__ __forceinline__ void v4_mla_decode_row(const uint8_t* data, const uint8_t* footer, uint8_t* out,
+                                                  int lane) {
+  constexpr int kOut = kMode == MlaGatherMode::kDequantBf16 ? 2 : 4;  // bytes per value
+  if (lane < kV4NopeLanes) {
+    uint32_t c[4];
+    load_words(data + 16 * lane, c);
+    const float scale = pow2f(static_cast<int32_t>(footer[lane / 4]) - 127);
+    float vals[16];
+    decode_words<16>(c, scale, vals);
+    store_values<kMode>(out + 16 * kOut * lane, vals);
   } else {
-    constexpr int kOut = kMode == MlaGatherMode::kDequantBf16 ? 2 : 4;  // bytes per value
-    if (lane < kV4NopeLanes) {
-      uint32_t c[4];
-      load_words(data + 16 * lane, c);
-      const float scale = pow2f(static_cast<int32_t>(v.base[a.last + lane / 4]) - 127);
-      float vals[16];
-      decode_words<16>(c, scale, vals);
-      store_values<kMode>(out + 16 * kOut * lane, vals);
+    uint32_t r[8];
+    load_words(data + kV4Nope + 32 * (lane - kV4NopeLanes), r);
+    uint8_t* dst = out + kOut * (kV4Nope + 16 * (lane - kV4NopeLanes));
+    if constexpr (kMode == MlaGatherMode::kDequantBf16) {
+      store_words(dst, r);
     } else {
-      uint32_t r[8];
-      load_words(data + kV4Nope + 32 * (lane - kV4NopeLanes), r);
-      uint8_t* dst = out + kOut * (kV4Nope + 16 * (lane - kV4NopeLanes));
-      if constexpr (kMode == MlaGatherMode::kDequantBf16) {
-        store_words(dst, r);
-      } else {
-        float f[16];
+      float f[16];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          f[2 * i] = bits_float(r[i] << 16);
-          f[2 * i + 1] = bits_float(r[i] & 0xFFFF0000u);
-        }
-        store_values<kMode>(dst, f);
+      for (int i = 0; i < 8; ++i) {
+        f[2 * i] = bits_float(r[i] << 16);
+        f[2 * i + 1] = bits_float(r[i] & 0xFFFF0000u);
       }
+      store_values<kMode>(dst, f);
     }
   }
 }
 
-// One 528-B V4.1 row (slot valid, or < 0 for a zero row) into out, by the lanes of one warp.
+// The values of one 528-B V4.1 row (data, footer) into out, by the lanes of one warp.
 template <MlaGatherMode kMode>
-__device__ __forceinline__ void v41_read_row(const PagedView& v, int64_t slot, uint8_t* out, int lane) {
+__device__ __forceinline__ void v41_decode_row(const uint8_t* data, const uint8_t* footer, uint8_t* out, int lane) {
+  constexpr int kOut = kMode == MlaGatherMode::kDequantBf16 ? 2 : 4;  // bytes per value
+  uint32_t c[4];
+  load_words(data + 16 * lane, c);
+  const float scale = pow2f(static_cast<int32_t>(footer[lane / 2]) - 127);
+  float vals[16];
+  decode_words<16>(c, scale, vals);
+  store_values<kMode>(out + 16 * kOut * lane, vals);
+}
+
+// A 512-value row of either main-KV format (slot valid, or < 0 for a zero row) into out, by the
+// lanes of one warp: a zero row, the raw bytes (data then footer) or the decoded values.
+template <MlaGatherMode kMode, int64_t kData, int64_t kFooter, V4Format kFormat>
+__device__ __forceinline__ void main_read_row_as(const PagedView& v, int64_t slot, uint8_t* out, int lane) {
   if (slot < 0) {
-    warp_zero(out, v4_out_row_bytes(V4Format::kMxfp8, kMode), lane);
+    warp_zero(out, v4_out_row_bytes(kFormat, kMode), lane);
     return;
   }
-  const SplitAddress a = split_address(v, slot, kV41DataBytes, kV41ScaleBytes);
-  const uint8_t* data = v.base + a.first;
+  const SplitAddress a = split_address(v, slot, kData, kFooter);
   if constexpr (kMode == MlaGatherMode::kCopyRow) {
-    warp_copy(out, data, kV41DataBytes, lane);
-    if (lane < kV41ScaleBytes) out[kV41DataBytes + lane] = v.base[a.last + lane];
+    warp_copy(out, v.base + a.first, kData, lane);
+    if (lane < kFooter) out[kData + lane] = v.base[a.last + lane];
+  } else if constexpr (kFormat == V4Format::kMxfp8) {
+    v41_decode_row<kMode>(v.base + a.first, v.base + a.last, out, lane);
   } else {
-    constexpr int kOut = kMode == MlaGatherMode::kDequantBf16 ? 2 : 4;  // bytes per value
-    uint32_t c[4];
-    load_words(data + 16 * lane, c);
-    const float scale = pow2f(static_cast<int32_t>(v.base[a.last + lane / 2]) - 127);
-    float vals[16];
-    decode_words<16>(c, scale, vals);
-    store_values<kMode>(out + 16 * kOut * lane, vals);
+    v4_mla_decode_row<kMode>(v.base + a.first, v.base + a.last, out, lane);
   }
 }
 
-// A 512-value row of either main-KV format.
 template <MlaGatherMode kMode>
 __device__ __forceinline__ void main_read_row(V4Format f, const PagedView& v, int64_t slot,
                                               uint8_t* out, int lane) {
   if (f == V4Format::kMxfp8)
-    v41_read_row<kMode>(v, slot, out, lane);
+    main_read_row_as<kMode, kV41DataBytes, kV41ScaleBytes, V4Format::kMxfp8>(v, slot, out, lane);
   else
-    v4_mla_read_row<kMode>(v, slot, out, lane);
+    main_read_row_as<kMode, kV4DataBytes, kV4ScaleBytes, V4Format::kMla>(v, slot, out, lane);
 }
 
 template <MlaGatherMode kMode>
