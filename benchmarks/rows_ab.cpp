@@ -69,13 +69,13 @@ int main(int argc, char** argv) {
   }
   const int64_t tiles = kRows * kRow / kTile;
   std::vector<float> amax(tiles), pow2(tiles), fp32s(tiles);
-  cpu::scalar::tile_amax(bf16.data(), DType::kBFloat16, tiles, kTile, kTile, amax.data());
+  cpu::scalar::loops.tile_amax(bf16.data(), DType::kBFloat16, tiles, kTile, kTile, amax.data());
   for (int64_t k = 0; k < tiles; ++k) {
     fp32s[k] = std::max(amax[k] / 448.0f, 1.17549435e-38f);
     pow2[k] = std::exp2(std::ceil(std::log2(std::max(amax[k] / 448.0f, 1e-4f))));
   }
   std::vector<uint8_t> codes(kRows * kRow);
-  cpu::scalar::quantize_tiles(bf16.data(), DType::kBFloat16, tiles, kTile, kTile, pow2.data(), codes.data());
+  cpu::scalar::loops.quantize_tiles(bf16.data(), DType::kBFloat16, tiles, kTile, kTile, pow2.data(), codes.data());
   std::vector<int32_t> exps(kRows * kRow / 32, -2);
 
   const auto quantize = [&](const void* x, DType t, const std::vector<float>& s) {

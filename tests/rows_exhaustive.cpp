@@ -25,16 +25,8 @@ namespace scalar = kvc::cpu::scalar;
 
 // One SIMD implementation of the row loops.
 struct Impl {
-  const char* name;
   bool (*supported)();
-  float (*row_amax)(const void*, DType, int64_t);
-  void (*quantize_row)(const void*, DType, int64_t, float, uint8_t*);
-  void (*decode_row)(const uint8_t*, int64_t, float, DType, uint8_t*);
-  void (*tile_amax)(const void*, DType, int64_t, int64_t, int64_t, float*);
-  void (*quantize_tiles)(const void*, DType, int64_t, int64_t, int64_t, const float*, uint8_t*);
-  void (*stream_copy)(uint8_t*, const uint8_t*, int64_t);
-  void (*e2m1_blocks)(const uint16_t*, int64_t, const int32_t*, uint8_t*);  // null: the scalar loop's
-  void (*e2m1_decode_blocks)(const uint8_t*, const uint8_t*, int64_t, const kvc::cpu::Mxfp4Words&, uint8_t*);
+  const kvc::cpu::RowLoops* loops;
 };
 
 static unsigned long long bad = 0;
@@ -58,7 +50,7 @@ static void compare(const Impl& simd) {
       std::vector<uint32_t> x(kChunk);
       for (int64_t i = 0; i < kChunk; ++i) x[i] = static_cast<uint32_t>(c * kChunk + i);
       std::vector<uint8_t> a(kChunk), b(kChunk);
-      simd.quantize_row(x.data(), DType::kFloat32, kChunk - 3, scale, a.data());
+      simd.loops->quantize_row(x.data(), DType::kFloat32, kChunk - 3, scale, a.data());
       scalar::quantize_row(x.data(), DType::kFloat32, kChunk - 3, scale, b.data());
 #pragma omp critical
       expect_same("quantize fp32", a, b, c * kChunk);
@@ -74,7 +66,7 @@ static void compare(const Impl& simd) {
       std::vector<uint32_t> x(kN);
       for (int64_t i = 0; i < kN; ++i) x[i] = static_cast<uint32_t>((c * kN + i) * 61);
       std::vector<uint8_t> a(kN), b(kN);
-      simd.quantize_row(x.data(), DType::kFloat32, kN, scale, a.data());
+      simd.loops->quantize_row(x.data(), DType::kFloat32, kN, scale, a.data());
       scalar::quantize_row(x.data(), DType::kFloat32, kN, scale, b.data());
 #pragma omp critical
       expect_same("quantize fp32 (special scales)", a, b, c * kN);
@@ -90,7 +82,7 @@ static void compare(const Impl& simd) {
                         // powers of two (bf16 takes an exact path for |e| <= 100)
                         0x1p-20f, 0x1p-100f, 0x1p100f, 0x1p-101f, 0x1p101f, 0x1p-126f, 0x1p-149f, 0x1p10f, -0.25f, 0.5f}) {
       std::vector<uint8_t> a(1 << 16), b(1 << 16);
-      simd.quantize_row(h.data(), t, 1 << 16, scale, a.data());
+      simd.loops->quantize_row(h.data(), t, 1 << 16, scale, a.data());
       scalar::quantize_row(h.data(), t, 1 << 16, scale, b.data());
       expect_same("quantize 16-bit", a, b, 0);
     }
@@ -108,8 +100,8 @@ static void compare(const Impl& simd) {
       std::vector<uint8_t> a(kTiles * tile), b(kTiles * tile);
       std::vector<uint32_t> ma(kTiles), mb(kTiles);
       float amax[kTiles];
-      simd.quantize_tiles(x.data(), t, kTiles, tile, stride, scales, a.data());
-      simd.tile_amax(x.data(), t, kTiles, tile, stride, amax);
+      simd.loops->quantize_tiles(x.data(), t, kTiles, tile, stride, scales, a.data());
+      simd.loops->tile_amax(x.data(), t, kTiles, tile, stride, amax);
       for (int64_t k = 0; k < kTiles; ++k) {
         const uint8_t* xk = x.data() + k * stride * kvc::dtype_size(t);
         scalar::quantize_row(xk, t, tile, scales[k], b.data() + k * tile);
@@ -121,12 +113,12 @@ static void compare(const Impl& simd) {
     }
   }
   // MXFP4 codes: every bf16 pattern (2048 blocks of 32) under every block exponent.
-  if (simd.e2m1_blocks != nullptr) {
+  if (simd.loops->e2m1_blocks != nullptr) {
     constexpr int64_t kBlocks = 2048;
     for (int32_t e = -127; e <= 127; ++e) {
       const std::vector<int32_t> exps(kBlocks, e);
       std::vector<uint8_t> a(kBlocks * 16), b(kBlocks * 16);
-      simd.e2m1_blocks(h.data(), kBlocks, exps.data(), a.data());
+      simd.loops->e2m1_blocks(h.data(), kBlocks, exps.data(), a.data());
       kvc::cpu::scalar::e2m1_blocks(h.data(), kBlocks, exps.data(), b.data());
       expect_same("e2m1", a, b, static_cast<uint64_t>(e + 127) << 16);
     }
@@ -144,14 +136,14 @@ static void compare(const Impl& simd) {
       if (k % 11 == 5) xs[k * 32 + 16 + gb() % 16] = (gb() & 1) ? 0xFF80 : 0xFFC0;      // second half
     }
     std::vector<uint8_t> a(kBlocks * 16), b(kBlocks * 16);
-    simd.e2m1_blocks(xs.data(), kBlocks, exps.data(), a.data());
+    simd.loops->e2m1_blocks(xs.data(), kBlocks, exps.data(), a.data());
     kvc::cpu::scalar::e2m1_blocks(xs.data(), kBlocks, exps.data(), b.data());
     expect_same("e2m1 mixed", a, b, 0);
   }
   // MXFP4 decoding: every packed byte (16 blocks of 16) under every scale byte, to bf16 and fp32,
   // then blocks of mixed scale bytes; outputs poisoned differently, so an unwritten word differs.
   for (DType t : {DType::kBFloat16, DType::kFloat32}) {
-    if (simd.e2m1_decode_blocks == nullptr) break;
+    if (simd.loops->e2m1_decode_blocks == nullptr) break;
     const auto words = std::make_unique<kvc::cpu::Mxfp4Words>(t);
     constexpr int64_t kBlocks = 256 * 16;
     std::vector<uint8_t> packed(kBlocks * 16), scale_bytes(kBlocks);
@@ -160,16 +152,16 @@ static void compare(const Impl& simd) {
       for (int i = 0; i < 16; ++i) packed[k * 16 + i] = static_cast<uint8_t>((k % 16) * 16 + i);
     }
     std::vector<uint8_t> a(kBlocks * 32 * kvc::dtype_size(t), 0xAA), b(a.size(), 0x55);
-    simd.e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks, *words, a.data());
-    scalar::e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks, *words, b.data());
+    simd.loops->e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks, *words, a.data());
+    scalar::loops.e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks, *words, b.data());
     expect_same("e2m1_decode", a, b, 0);
     std::mt19937 gm(3);
     for (auto& v : scale_bytes) v = static_cast<uint8_t>(gm());
     for (auto& v : packed) v = static_cast<uint8_t>(gm());
     std::fill(a.begin(), a.end(), 0xAA);
     std::fill(b.begin(), b.end(), 0x55);
-    simd.e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks - 1, *words, a.data());
-    scalar::e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks - 1, *words, b.data());
+    simd.loops->e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks - 1, *words, a.data());
+    scalar::loops.e2m1_decode_blocks(packed.data(), scale_bytes.data(), kBlocks - 1, *words, b.data());
     const size_t last = a.size() - 32 * kvc::dtype_size(t);  // the block past the end: unwritten
     expect_same("e2m1_decode past the end", std::vector<uint8_t>(a.begin() + last, a.end()),
                 std::vector<uint8_t>(a.size() - last, 0xAA), last);
@@ -187,7 +179,7 @@ static void compare(const Impl& simd) {
         std::vector<uint8_t> want(1280, 0xA5);
         std::memset(dst, 0xA5, sizeof(dst));
         std::memcpy(want.data() + 64 + off, src + off / 16, bytes);
-        simd.stream_copy(dst + 64 + off, src + off / 16, bytes);
+        simd.loops->stream_copy(dst + 64 + off, src + off / 16, bytes);
         _mm_sfence();
         expect_same("stream_copy", std::vector<uint8_t>(dst, dst + 1280), want, off * 10000 + bytes);
       }
@@ -213,7 +205,7 @@ static void compare(const Impl& simd) {
     for (float scale : decode_scales) {
       const size_t bytes = codes.size() * kvc::dtype_size(t);
       std::vector<uint8_t> a(bytes), b(bytes);
-      simd.decode_row(codes.data(), codes.size(), scale, t, a.data());
+      simd.loops->decode_row(codes.data(), codes.size(), scale, t, a.data());
       scalar::decode_row(codes.data(), codes.size(), scale, t, b.data());
       expect_same("decode", a, b, 0);
     }
@@ -228,7 +220,7 @@ static void compare(const Impl& simd) {
         w[g() % n] = t == DType::kFloat32 ? 0x7FC00000u : 0x7FC17FC1u;  // NaN
         if (n % 5 == 0) w[g() % n] = t == DType::kFloat32 ? 0xFF800000u : 0xFC00FF80u;  // -inf
       }
-      const std::vector<uint32_t> a{kvc::float_bits(simd.row_amax(w.data(), t, n))};
+      const std::vector<uint32_t> a{kvc::float_bits(simd.loops->row_amax(w.data(), t, n))};
       const std::vector<uint32_t> b{kvc::float_bits(scalar::row_amax(w.data(), t, n))};
       expect_same("amax", a, b, n);
     }
@@ -236,27 +228,18 @@ static void compare(const Impl& simd) {
 }
 
 int main() {
-  const Impl impls[] = {
-      {"avx2", kvc::cpu::avx2::supported, kvc::cpu::avx2::row_amax, kvc::cpu::avx2::quantize_row,
-       kvc::cpu::avx2::decode_row, kvc::cpu::avx2::tile_amax, kvc::cpu::avx2::quantize_tiles,
-       kvc::cpu::scalar::stream_copy, kvc::cpu::avx2::e2m1_blocks, kvc::cpu::avx2::e2m1_decode_blocks},
-      {"avx512", kvc::cpu::avx512::supported, kvc::cpu::avx512::row_amax,
-       kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row, kvc::cpu::avx512::tile_amax,
-       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy, kvc::cpu::avx512::e2m1_blocks,
-       kvc::cpu::avx512::e2m1_decode_blocks},
-      // the same with bf16 decoding by the AVX512-BF16 conversion
-      {"avx512-bf16", kvc::cpu::avx512::bf16_supported, kvc::cpu::avx512::row_amax,
-       kvc::cpu::avx512::quantize_row, kvc::cpu::avx512::decode_row_bf16, kvc::cpu::avx512::tile_amax,
-       kvc::cpu::avx512::quantize_tiles, kvc::cpu::avx512::stream_copy, kvc::cpu::avx512::e2m1_blocks,
-       kvc::cpu::avx512::e2m1_decode_blocks}};
+  const Impl impls[] = {{kvc::cpu::avx2::supported, &kvc::cpu::avx2::loops},
+                        {kvc::cpu::avx512::supported, &kvc::cpu::avx512::loops},
+                        // the same with bf16 decoding by the AVX512-BF16 conversion
+                        {kvc::cpu::avx512::bf16_supported, &kvc::cpu::avx512::loops_bf16}};
   for (const Impl& simd : impls) {
     if (!simd.supported()) {
-      std::printf("%s: not on this CPU, not compared\n", simd.name);
+      std::printf("%s: not on this CPU, not compared\n", simd.loops->name);
       continue;
     }
     const unsigned long long before = bad;
     compare(simd);
-    std::printf("%s: compared, %llu mismatches\n", simd.name, bad - before);
+    std::printf("%s: compared, %llu mismatches\n", simd.loops->name, bad - before);
   }
   std::printf("mismatches: %llu\n", bad);
   return bad ? 1 : 0;

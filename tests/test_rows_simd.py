@@ -24,7 +24,7 @@ def test_avx2_rows_match_scalar_rows(tmp_path):
     # each ISA this CPU has was compared, not skipped
     flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
     for isa, need in (("avx2", {"avx2", "f16c"}), ("avx512", {"avx512f", "avx512bw", "avx512vl", "f16c"}),
-                      ("avx512-bf16", {"avx512f", "avx512bw", "avx512vl", "f16c", "avx512_bf16"})):
+                      ("avx512+bf16", {"avx512f", "avx512bw", "avx512vl", "f16c", "avx512_bf16"})):
         if need <= flags:
             assert f"{isa}: compared, 0 mismatches" in r.stdout, r.stdout
 

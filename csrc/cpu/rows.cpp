@@ -94,34 +94,12 @@ void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64
   for (int64_t k = 0; k < tiles; ++k)
     quantize_row(static_cast<const uint8_t*>(src) + k * stride * dtype_size(t), t, tile, scales[k], out + k * tile);
 }
+
+const RowLoops loops{"scalar", row_amax, quantize_row, tile_amax, quantize_tiles, decode_row, stream_copy,
+                     e2m1_blocks, e2m1_decode_blocks};
 }  // namespace scalar
 
 namespace {
-// The row loops of one ISA: the table chosen once, while the library loads.
-struct RowLoops {
-  const char* name;
-  float (*row_amax)(const void*, DType, int64_t);
-  void (*quantize_row)(const void*, DType, int64_t, float, uint8_t*);
-  void (*tile_amax)(const void*, DType, int64_t, int64_t, int64_t, float*);
-  void (*quantize_tiles)(const void*, DType, int64_t, int64_t, int64_t, const float*, uint8_t*);
-  void (*decode_row)(const uint8_t*, int64_t, float, DType, uint8_t*);
-  void (*stream_copy)(uint8_t*, const uint8_t*, int64_t);
-  void (*e2m1_blocks)(const uint16_t*, int64_t, const int32_t*, uint8_t*);
-  void (*e2m1_decode_blocks)(const uint8_t*, const uint8_t*, int64_t, const Mxfp4Words&, uint8_t*);
-};
-
-constexpr RowLoops kScalar{"scalar", scalar::row_amax, scalar::quantize_row, scalar::tile_amax,
-                           scalar::quantize_tiles, scalar::decode_row, scalar::stream_copy,
-                           scalar::e2m1_blocks, scalar::e2m1_decode_blocks};
-constexpr RowLoops kAvx2{"avx2", avx2::row_amax, avx2::quantize_row, avx2::tile_amax, avx2::quantize_tiles,
-                         avx2::decode_row, scalar::stream_copy, avx2::e2m1_blocks, avx2::e2m1_decode_blocks};
-constexpr RowLoops kAvx512{"avx512", avx512::row_amax, avx512::quantize_row, avx512::tile_amax,
-                           avx512::quantize_tiles, avx512::decode_row, avx512::stream_copy,
-                           avx512::e2m1_blocks, avx512::e2m1_decode_blocks};
-constexpr RowLoops kAvx512Bf16{"avx512+bf16", avx512::row_amax, avx512::quantize_row, avx512::tile_amax,
-                               avx512::quantize_tiles, avx512::decode_row_bf16, avx512::stream_copy,
-                               avx512::e2m1_blocks, avx512::e2m1_decode_blocks};
-
 const RowLoops& pick_loops() {
   const char* cap = std::getenv("KVC_CPU_ISA");
   std::string want = cap ? cap : "avx512";
@@ -131,9 +109,9 @@ const RowLoops& pick_loops() {
                  "using the widest this CPU has\n", want.c_str());
     want = "avx512";
   }
-  if (want == "avx512" && avx512::supported()) return avx512::bf16_supported() ? kAvx512Bf16 : kAvx512;
-  if (want != "scalar" && avx2::supported()) return kAvx2;
-  return kScalar;
+  if (want == "avx512" && avx512::supported()) return avx512::bf16_supported() ? avx512::loops_bf16 : avx512::loops;
+  if (want != "scalar" && avx2::supported()) return avx2::loops;
+  return scalar::loops;
 }
 
 const RowLoops& kLoops = pick_loops();

@@ -50,46 +50,42 @@ struct Mxfp4Words {
 void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
                         const Mxfp4Words& words, uint8_t* out);
 
+// The row loops of one ISA, as a table: rows.cpp calls through the widest one the CPU has,
+// chosen once at load; tests/rows_exhaustive.cpp compares each table with the scalar one.
+struct RowLoops {
+  const char* name;
+  float (*row_amax)(const void* src, DType t, int64_t n);
+  void (*quantize_row)(const void* src, DType t, int64_t n, float scale, uint8_t* out);
+  void (*tile_amax)(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax);
+  void (*quantize_tiles)(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride,
+                         const float* scales, uint8_t* out);
+  void (*decode_row)(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
+  void (*stream_copy)(uint8_t* dst, const uint8_t* src, int64_t bytes);
+  void (*e2m1_blocks)(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
+  void (*e2m1_decode_blocks)(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                             const Mxfp4Words& words, uint8_t* out);
+};
+
 namespace scalar {
+extern const RowLoops loops;  // portable code, branch-free (GCC auto-vectorizes it)
+// what the SIMD loops fall back on for tails, rare blocks and (AVX2) the streaming copy
 float row_amax(const void* src, DType t, int64_t n);
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
-void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax);
-void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
-                    uint8_t* out);
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);  // 16-B stores (SSE2)
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
-void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
-                        const Mxfp4Words& words, uint8_t* out);
 }  // namespace scalar
 
 namespace avx2 {
 bool supported();  // AVX2 and F16C, asked of the CPU once
-float row_amax(const void* src, DType t, int64_t n);
-void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
-void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax);
-void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
-                    uint8_t* out);
-void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
-void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
-void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
-                        const Mxfp4Words& words, uint8_t* out);
+extern const RowLoops loops;
 }  // namespace avx2
 
 namespace avx512 {
-bool supported();  // AVX-512 F, BW and VL, and F16C
-float row_amax(const void* src, DType t, int64_t n);
-void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
-void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax);
-void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
-                    uint8_t* out);
-void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
-void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);  // 64-B stores where dst allows
-bool bf16_supported();  // and AVX512-BF16: decode_row_bf16 converts to bf16 in hardware
-void decode_row_bf16(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
-void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
-void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
-                        const Mxfp4Words& words, uint8_t* out);
+bool supported();       // AVX-512 F, BW and VL, and F16C
+bool bf16_supported();  // and AVX512-BF16
+extern const RowLoops loops;       // streaming copy by 64-B stores where dst allows
+extern const RowLoops loops_bf16;  // the same, decoding to bf16 by the AVX512-BF16 conversion
 }  // namespace avx512
 
 // e when |s| = 2^e with |e| <= 100 (the SIMD loops then divide a bf16 tile by shifting its

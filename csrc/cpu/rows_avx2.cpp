@@ -138,3 +138,8 @@ void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64
 }  // namespace kvc::cpu::avx2
 
 #endif
+
+namespace kvc::cpu::avx2 {
+const RowLoops loops{"avx2", row_amax, quantize_row, tile_amax, quantize_tiles, decode_row, scalar::stream_copy,
+                     e2m1_blocks, e2m1_decode_blocks};
+}  // namespace kvc::cpu::avx2

@@ -178,3 +178,10 @@ void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64
 }  // namespace kvc::cpu::avx512
 
 #endif
+
+namespace kvc::cpu::avx512 {
+const RowLoops loops{"avx512", row_amax, quantize_row, tile_amax, quantize_tiles, decode_row, stream_copy,
+                     e2m1_blocks, e2m1_decode_blocks};
+const RowLoops loops_bf16{"avx512+bf16", row_amax, quantize_row, tile_amax, quantize_tiles, decode_row_bf16,
+                          stream_copy, e2m1_blocks, e2m1_decode_blocks};
+}  // namespace kvc::cpu::avx512
