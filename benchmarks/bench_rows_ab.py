@@ -65,7 +65,8 @@ def main() -> None:
                       + " ".join(f"{100 * (x - 1):+.1f}" for x in ratios) + f")  same bytes {w['same_bytes']}")
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "csrc"], capture_output=True,
+    dirty = bool(subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "csrc", "benchmarks/rows_ab.cpp",
+                                "benchmarks/rows_ab_old.cpp"], capture_output=True,
                                 text=True).stdout.strip())
     meta = {"old": args.old, "new": head + ("+dirty" if dirty else ""), "repeats": args.repeats, "runs": args.runs,
             "date": datetime.date.today().isoformat(), "rows": 1024, "values_per_row": 512,

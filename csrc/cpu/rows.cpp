@@ -114,39 +114,42 @@ const RowLoops& pick_loops() {
   return scalar::loops;
 }
 
-const RowLoops& kLoops = pick_loops();
+// Constant-initialized to the scalar loops, so a call made before this file's dynamic
+// initialization (another file's static initializer) runs correct, if slow, code.
+const RowLoops* loops_in_use = &scalar::loops;
+const bool kPicked = (loops_in_use = &pick_loops(), true);
 }  // namespace
 
-const char* isa() { return kLoops.name; }
+const char* isa() { return loops_in_use->name; }
 
-float row_amax(const void* src, DType t, int64_t n) { return kLoops.row_amax(src, t, n); }
+float row_amax(const void* src, DType t, int64_t n) { return loops_in_use->row_amax(src, t, n); }
 
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out) {
-  kLoops.quantize_row(src, t, n, scale, out);
+  loops_in_use->quantize_row(src, t, n, scale, out);
 }
 
 void tile_amax(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, float* amax) {
-  kLoops.tile_amax(src, t, tiles, tile, stride, amax);
+  loops_in_use->tile_amax(src, t, tiles, tile, stride, amax);
 }
 
 void quantize_tiles(const void* src, DType t, int64_t tiles, int64_t tile, int64_t stride, const float* scales,
                     uint8_t* out) {
-  kLoops.quantize_tiles(src, t, tiles, tile, stride, scales, out);
+  loops_in_use->quantize_tiles(src, t, tiles, tile, stride, scales, out);
 }
 
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out) {
-  kLoops.decode_row(codes, n, scale, out_dtype, out);
+  loops_in_use->decode_row(codes, n, scale, out_dtype, out);
 }
 
-void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) { kLoops.stream_copy(dst, src, bytes); }
+void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes) { loops_in_use->stream_copy(dst, src, bytes); }
 
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed) {
-  kLoops.e2m1_blocks(x, blocks, exps, packed);
+  loops_in_use->e2m1_blocks(x, blocks, exps, packed);
 }
 
 void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
                         const Mxfp4Words& words, uint8_t* out) {
-  kLoops.e2m1_decode_blocks(packed, scale_bytes, blocks, words, out);
+  loops_in_use->e2m1_decode_blocks(packed, scale_bytes, blocks, words, out);
 }
 
 }  // namespace kvc::cpu

@@ -68,12 +68,15 @@ struct RowLoops {
 
 namespace scalar {
 extern const RowLoops loops;  // portable code, branch-free (GCC auto-vectorizes it)
-// what the SIMD loops fall back on for tails, rare blocks and (AVX2) the streaming copy
+// what the SIMD loops fall back on for tails, rare blocks and (AVX2) the streaming copy, and
+// the SIMD files' non-x86 builds on everything
 float row_amax(const void* src, DType t, int64_t n);
 void quantize_row(const void* src, DType t, int64_t n, float scale, uint8_t* out);
 void decode_row(const uint8_t* codes, int64_t n, float scale, DType out_dtype, uint8_t* out);
 void stream_copy(uint8_t* dst, const uint8_t* src, int64_t bytes);  // 16-B stores (SSE2)
 void e2m1_blocks(const uint16_t* x, int64_t blocks, const int32_t* exps, uint8_t* packed);
+void e2m1_decode_blocks(const uint8_t* packed, const uint8_t* scale_bytes, int64_t blocks,
+                        const Mxfp4Words& words, uint8_t* out);
 }  // namespace scalar
 
 namespace avx2 {

@@ -16,8 +16,7 @@
 // Decoding widens the codes to fp16 in hardware: an e4m3 code c is the fp16 number with bits
 // (c & 0x7F) << 7 | (c & 0x80) << 8 times 2^8, exactly (e4m3's exponent bias is 7, fp16's 15;
 // e4m3 subnormals land on fp16 subnormals), so vcvtph2ps and one multiplication give its value.
-#pragma once
-#include <cmath>
+#include <cmath>  // no #pragma once: one ISA per including file, each includes it once
 #include <cstdint>
 
 #include "../rows.h"
