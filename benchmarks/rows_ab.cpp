@@ -27,6 +27,10 @@ struct OldRows {  // the old tree's public row functions (DType has the same val
   void (*quantize_tiles)(const void*, DType, int64_t, int64_t, int64_t, const float*, uint8_t*);
   void (*decode_row)(const uint8_t*, int64_t, float, DType, uint8_t*);
   void (*e2m1_blocks)(const uint16_t*, int64_t, const int32_t*, uint8_t*);
+  void (*stream_copy)(uint8_t*, const uint8_t*, int64_t);
+  void (*e2m1_decode_bf16)(const uint8_t*, const uint8_t*, int64_t, uint8_t*);
+  bool (*avx512_supported)();
+  void (*avx512_decode_row)(const uint8_t*, int64_t, float, DType, uint8_t*);
 };
 extern "C" const OldRows* old_rows_table();
 
@@ -77,6 +81,9 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> codes(kRows * kRow);
   cpu::scalar::loops.quantize_tiles(bf16.data(), DType::kBFloat16, tiles, kTile, kTile, pow2.data(), codes.data());
   std::vector<int32_t> exps(kRows * kRow / 32, -2);
+  std::vector<uint8_t> packed(kRows * kRow / 2), scale_bytes(kRows * kRow / 32, 125);
+  cpu::scalar::loops.e2m1_blocks(bf16.data(), kRows * kRow / 32, exps.data(), packed.data());
+  static const cpu::Mxfp4Words words(DType::kBFloat16);
 
   const auto quantize = [&](const void* x, DType t, const std::vector<float>& s) {
     return [&, x, t](bool old, std::vector<uint8_t>& out) {
@@ -85,14 +92,14 @@ int main(int argc, char** argv) {
       (old ? o.quantize_tiles : cpu::quantize_tiles)(x, t, tiles, kTile, kTile, s.data(), out.data());
     };
   };
-  const auto decode = [&](DType t, float scale) {
-    return [&, t, scale](bool old, std::vector<uint8_t>& out) {
+  const auto decode_with = [&](auto old_fn, auto new_fn, DType t, float scale) {
+    return [&, old_fn, new_fn, t, scale](bool old, std::vector<uint8_t>& out) {
       out.resize(kRows * kRow * 4);
       for (int64_t r = 0; r < kRows; ++r)
-        (old ? o.decode_row : cpu::decode_row)(codes.data() + r * kRow, kRow, scale, t,
-                                               out.data() + r * kRow * kvc::dtype_size(t));
+        (old ? old_fn : new_fn)(codes.data() + r * kRow, kRow, scale, t, out.data() + r * kRow * kvc::dtype_size(t));
     };
   };
+  const auto decode = [&](DType t, float scale) { return decode_with(o.decode_row, cpu::decode_row, t, scale); };
   std::vector<Workload> work{
       {"tiles bf16 pow2", quantize(bf16.data(), DType::kBFloat16, pow2)},
       {"tiles bf16 fp32", quantize(bf16.data(), DType::kBFloat16, fp32s)},
@@ -108,19 +115,45 @@ int main(int argc, char** argv) {
       {"decode fp32", decode(DType::kFloat32, 0.0078125f)},
       {"decode fp16", decode(DType::kFloat16, 0.0078125f)},
       {"decode bf16 tiny scale", decode(DType::kBFloat16, 1.17549435e-38f)},
+      {"decode fp32 tiny scale", decode(DType::kFloat32, 1.17549435e-38f)},
       {"e2m1 bf16", [&](bool old, std::vector<uint8_t>& out) {
          out.resize(kRows * kRow / 2);
          (old ? o.e2m1_blocks : cpu::e2m1_blocks)(bf16.data(), kRows * kRow / 32, exps.data(), out.data());
        }},
+      {"e2m1 decode bf16", [&](bool old, std::vector<uint8_t>& out) {
+         out.resize(kRows * kRow * 2);
+         if (old) o.e2m1_decode_bf16(packed.data(), scale_bytes.data(), kRows * kRow / 32, out.data());
+         else cpu::e2m1_decode_blocks(packed.data(), scale_bytes.data(), kRows * kRow / 32, words, out.data());
+       }},
+      {"row amax bf16", [&](bool old, std::vector<uint8_t>& out) {
+         out.resize(kRows * 4);
+         for (int64_t r = 0; r < kRows; ++r) {
+           const float m = (old ? o.row_amax : cpu::row_amax)(bf16.data() + r * kRow, DType::kBFloat16, kRow);
+           std::memcpy(out.data() + 4 * r, &m, 4);
+         }
+       }},
+      {"stream copy 512 B rows", [&](bool old, std::vector<uint8_t>& out) {
+         out.resize(kRows * kRow);  // malloc'd: 16-B aligned, as stream_copy needs
+         for (int64_t r = 0; r < kRows; ++r)
+           (old ? o.stream_copy : cpu::stream_copy)(out.data() + r * kRow, codes.data() + r * kRow, kRow);
+       }},
   };
+  // AVX-512 decoding without the AVX512-BF16 conversion (what a CPU without it runs), timed apart:
+  // the table this CPU picks under KVC_CPU_ISA=avx512 may be the BF16 one
+  if (std::string(cpu::isa()).rfind("avx512", 0) == 0 && o.avx512_supported())
+    work.push_back({"decode bf16 avx512 (no BF16 insn)",
+                    decode_with(o.avx512_decode_row, cpu::avx512::loops.decode_row, DType::kBFloat16, 0.0078125f)});
   for (const Workload& w : work) {
     std::vector<uint8_t> a, b;
     w.run(true, a);
     w.run(false, b);
+    // both timed into one buffer: two buffers can differ in where their pages lie (huge pages
+    // or not), which showed as a steady 10-25 % between identical loops
+    std::vector<uint8_t> scratch(b.size());
     std::vector<double> t_old, t_new;
     for (int r = 0; r < repeats; ++r) {  // alternate which goes first
-      if (r % 2) t_old.push_back(time_ns_per_row(w, true, a)), t_new.push_back(time_ns_per_row(w, false, b));
-      else t_new.push_back(time_ns_per_row(w, false, b)), t_old.push_back(time_ns_per_row(w, true, a));
+      if (r % 2) t_old.push_back(time_ns_per_row(w, true, scratch)), t_new.push_back(time_ns_per_row(w, false, scratch));
+      else t_new.push_back(time_ns_per_row(w, false, scratch)), t_old.push_back(time_ns_per_row(w, true, scratch));
     }
     std::sort(t_old.begin(), t_old.end());
     std::sort(t_new.begin(), t_new.end());
