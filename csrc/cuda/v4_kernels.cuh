@@ -163,18 +163,25 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) v4_pair_write_kernel(V
   mxfp4_token<kIn>(idx, t, slot, lane % kIndexerLanes, lane < kIndexerLanes);
 }
 
+// Lane `lane`'s 16 codes (data + 16 lane) under scale byte `scale_byte`, as values at
+// out + 16 lane values: the fp8 part of either main-KV read.
+template <MlaGatherMode kMode>
+__device__ __forceinline__ void decode_lane16(const uint8_t* data, uint8_t scale_byte, uint8_t* out, int lane) {
+  constexpr int kOut = kMode == MlaGatherMode::kDequantBf16 ? 2 : 4;  // bytes per value
+  uint32_t c[4];
+  load_words(data + 16 * lane, c);
+  float vals[16];
+  decode_words<16>(c, pow2f(static_cast<int32_t>(scale_byte) - 127), vals);
+  store_values<kMode>(out + 16 * kOut * lane, vals);
+}
+
 // The values of one 584-B row (data, footer) into out, by the lanes of one warp.
 template <MlaGatherMode kMode>
 __device__ __forceinline__ void v4_mla_decode_row(const uint8_t* data, const uint8_t* footer, uint8_t* out,
                                                   int lane) {
   constexpr int kOut = kMode == MlaGatherMode::kDequantBf16 ? 2 : 4;  // bytes per value
   if (lane < kV4NopeLanes) {
-    uint32_t c[4];
-    load_words(data + 16 * lane, c);
-    const float scale = pow2f(static_cast<int32_t>(footer[lane / 4]) - 127);
-    float vals[16];
-    decode_words<16>(c, scale, vals);
-    store_values<kMode>(out + 16 * kOut * lane, vals);
+    decode_lane16<kMode>(data, footer[lane / 4], out, lane);  // 4 lanes per 64-value tile
   } else {
     uint32_t r[8];
     load_words(data + kV4Nope + 32 * (lane - kV4NopeLanes), r);
@@ -196,13 +203,7 @@ __device__ __forceinline__ void v4_mla_decode_row(const uint8_t* data, const uin
 // The values of one 528-B V4.1 row (data, footer) into out, by the lanes of one warp.
 template <MlaGatherMode kMode>
 __device__ __forceinline__ void v41_decode_row(const uint8_t* data, const uint8_t* footer, uint8_t* out, int lane) {
-  constexpr int kOut = kMode == MlaGatherMode::kDequantBf16 ? 2 : 4;  // bytes per value
-  uint32_t c[4];
-  load_words(data + 16 * lane, c);
-  const float scale = pow2f(static_cast<int32_t>(footer[lane / 2]) - 127);
-  float vals[16];
-  decode_words<16>(c, scale, vals);
-  store_values<kMode>(out + 16 * kOut * lane, vals);
+  decode_lane16<kMode>(data, footer[lane / 2], out, lane);  // 2 lanes per 32-value tile
 }
 
 // A 512-value row of either main-KV format (slot valid, or < 0 for a zero row) into out, by the

@@ -209,11 +209,16 @@ KVC_SIMD_INLINE typename V::M16 decoded(const uint8_t* codes, typename V::F s, t
 
 // float_to_bf16 / float_to_fp16 (numerics.h) on 32-bit lanes (NaN lanes given apart), 16-bit
 // results in each dword.
+// v rounded to nearest even at bit 16 (the bf16 in the high word; NaN lanes given apart)
+template <class V>
+KVC_SIMD_INLINE typename V::I bf16_rounded(typename V::F v) {
+  const typename V::I u = V::as_si(v);
+  return V::add32(V::add32(u, V::set32(0x7FFF)), V::and_(V::srli32(u, 16), V::set32(1)));
+}
+
 template <class V>
 KVC_SIMD_INLINE typename V::I to_bf16(typename V::F v) {
-  const typename V::I u = V::as_si(v);
-  const typename V::I lsb = V::and_(V::srli32(u, 16), V::set32(1));
-  return V::srli32(V::add32(V::add32(u, V::set32(0x7FFF)), lsb), 16);
+  return V::srli32(bf16_rounded<V>(v), 16);
 }
 
 template <class V>
@@ -263,8 +268,7 @@ KVC_SIMD_INLINE int64_t decode_row(const uint8_t* codes, int64_t n, float scale,
         V::storeu_ps(reinterpret_cast<float*>(o), V::select_ps(V::lo_mask32(nan), lo, q));
         V::storeu_ps(reinterpret_cast<float*>(o) + V::kWords / 2, V::select_ps(V::hi_mask32(nan), hi, q));
       } else {
-        const typename V::I r = V::high_words(V::add32(V::as_si(lo), V::add32(V::set32(0x7FFF), V::and_(V::srli32(V::as_si(lo), 16), V::set32(1)))),
-                                              V::add32(V::as_si(hi), V::add32(V::set32(0x7FFF), V::and_(V::srli32(V::as_si(hi), 16), V::set32(1)))));
+        const typename V::I r = V::high_words(bf16_rounded<V>(lo), bf16_rounded<V>(hi));
         V::storeu(o, V::select16(nan, r, V::set16(0x7FC0)));
       }
     }
