@@ -14,6 +14,26 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 GUARD = 256  # bytes of poison on each side of the plan's buffer
 
 
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "gpu: runs CUDA code on a GPU (benchmarks/gpu_check.sh runs "
+                                       "`pytest -m gpu` first on the device machine)")
+
+
+def _needs_gpu(item) -> bool:
+    """A case on the cuda device, or a test that skips without a GPU."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if any(str(v) == "cuda" or (isinstance(v, tuple) and "cuda" in map(str, v)) for v in params.values()):
+        return True
+    return any(m.name == "skipif" and "needs" in str(m.kwargs.get("reason", ""))
+               and "GPU" in str(m.kwargs.get("reason", "")) for m in item.iter_markers())
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if _needs_gpu(item):
+            item.add_marker(pytest.mark.gpu)
+
+
 @pytest.fixture(scope="session")
 def simt():
     """The CUDA kernels built for the host (tests/simt/simt_host.h): one thread per lane."""

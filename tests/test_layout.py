@@ -107,6 +107,7 @@ def test_table_strides_for_heads():
         assert (t.layer_stride, t.block_stride, t.head_stride, t.token_stride) == want, layout
 
 
+@pytest.mark.gpu  # pinned host memory where there is a GPU
 @pytest.mark.parametrize("layout", kvc.LAYOUTS)
 def test_view_shape_and_devices(layout):
     plan = kvc.plan_cache(SPEC_MIXES[1], num_blocks=3, block_size=4, layout=layout)

@@ -153,6 +153,7 @@ def test_every_bf16_value_and_amax_mxfp4(device):
     _kernel_vs_reference(every_amax(32, 4, 128), "mxfp4", device=device)
 
 
+@pytest.mark.gpu  # loops over DEVICES: the cuda kernels too where there is a GPU
 @settings(max_examples=60, deadline=None)
 @given(bf16_rows(512), bf16_rows(128))
 def test_property_kernels_match_reference(kv, k):
