@@ -132,6 +132,9 @@ def try_compile(fn: Callable[[int], object], device: torch.device, repeats: int,
 
 
 def git_commit() -> str:
+    """HEAD, or KVC_COMMIT where the tree is a copy without .git (the device machine's)."""
+    if os.environ.get("KVC_COMMIT"):
+        return os.environ["KVC_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
                                        cwd=Path(__file__).parent).strip()
