@@ -86,7 +86,9 @@ note "phase=$PHASE device=$DEVICE ($GPU) budget=${BUDGET_S}s commit=$COMMIT"
 
 have_build() { $PY -c "import sys, kvcache_ext.ops.library as e; sys.exit(0 if e.has_cuda_kernels() else 1)" 2>/dev/null; }
 if [ "$PHASE" = 1 ] || ! have_build; then
-  step build 240 $PY -m pip install --no-deps --no-build-isolation -e . || exit 1
+  # setup.py's own build_ext if pip cannot install in place (same CMake build, same folder)
+  step build 240 $PY -m pip install --no-deps --no-build-isolation -e . \
+    || step build_inplace 180 $PY setup.py build_ext --inplace || exit 1
   have_build || { note "build: the CUDA kernels are missing from the built extension"; status=1; }
 fi
 
@@ -120,13 +122,15 @@ else
   if [ "$DRY" = 1 ] || [ -z "$NCU" ]; then
     note "ncu skipped (DRY or no ncu)"
   else
-    # Every launch of the four ops (two of each: the report reads the second, warm one); clocks
-    # left alone (the device machine refuses to lock them): percentages and counts, not times.
-    step ncu 150 "$NCU" --kernel-name-base demangled --kernel-name regex:"$NCU_KERNELS" --launch-count 8 \
+    # Every launch of the four ops (two of each, 8 launches: the report reads the second, warm
+    # one); clocks left alone (the device machine refuses to lock them): percentages and counts,
+    # not times. The name filter sees base names only (template arguments are spelt otherwise).
+    step ncu 150 "$NCU" --kernel-name-base demangled --kernel-name regex:"$NCU_KERNELS" --launch-count 12 \
       --clock-control none --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
       --metrics "$($PY benchmarks/ncu_report.py --print-metrics)" -f -o "$LOGS/ncu" \
       $PY benchmarks/sanitize_case.py --ncu \
-    && "$NCU" --import "$LOGS/ncu.ncu-rep" --page raw --csv --print-units base >"$LOGS/ncu.csv" \
+    && LC_ALL=C "$NCU" --import "$LOGS/ncu.ncu-rep" --page raw --csv --print-units base \
+         --print-kernel-base demangled >"$LOGS/ncu.csv" \
     && "$NCU" --import "$LOGS/ncu.ncu-rep" --page details >"$LOGS/ncu_details.txt" \
     && step ncu_report 30 $PY benchmarks/ncu_report.py "$LOGS/ncu.csv" --tokens "$NCU_TOKENS" \
          --gpu "$GPU" --commit "$COMMIT" --out "$OUT" \

@@ -31,8 +31,11 @@ METRICS = ",".join([
     "sm__warps_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread",
     "regex:smsp__warp_issue_stalled_.*_per_warp_active\\.pct",
 ])
-# Unit prefixes as ncu prints them with --print-units base (and, to be safe, scaled ones).
-_SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+# Units as ncu prints them with --print-units base (2024.x: "ns", "byte/s"; older: "nsecond",
+# "byte/second"), and scaled ones in case: factors to seconds and to bytes per second.
+_SECONDS = {"ns": 1e-9, "nsecond": 1e-9, "us": 1e-6, "usecond": 1e-6, "ms": 1e-3, "msecond": 1e-3,
+            "s": 1.0, "second": 1.0}
+_PREFIX = {"": 1.0, "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
 
 @dataclass
@@ -63,15 +66,21 @@ def _number(text: str) -> float | None:
         return None
 
 
-def _scaled(value: float | None, unit: str, base: str) -> float | None:
-    """value in `unit` (e.g. "nsecond", "Gbyte/second") converted to `base` ("second")."""
+def _seconds(value: float | None, unit: str) -> float | None:
     if value is None:
         return None
-    unit = unit.strip()
-    head = unit.split("/")[0]
-    stem = base.split("/")[0]
-    prefix = head[: len(head) - len(stem)] if head.endswith(stem) else ""
-    return value * _SCALE.get(prefix, 1.0)
+    if unit.strip() not in _SECONDS:
+        raise SystemExit(f"ncu_report: unknown time unit {unit!r}")
+    return value * _SECONDS[unit.strip()]
+
+
+def _bytes_per_second(value: float | None, unit: str) -> float | None:
+    if value is None:
+        return None
+    m = re.fullmatch(r"([KkMGT]?)byte/s(econd)?", unit.strip())
+    if not m:
+        raise SystemExit(f"ncu_report: unknown bandwidth unit {unit!r}")
+    return value * _PREFIX[m.group(1)]
 
 
 def read_rows(path: Path) -> tuple[list[dict[str, str]], dict[str, str]]:
@@ -86,9 +95,12 @@ def read_rows(path: Path) -> tuple[list[dict[str, str]], dict[str, str]]:
 
 
 def normalise(name: str) -> str:
-    """A demangled kernel name without spaces, `void`, and namespace qualifiers of the function."""
+    """A demangled kernel name without spaces, `void`, and namespace qualifiers of the function,
+    template arguments spelt as cuobjdump spells them (ncu may print `(bool)0` for `false`)."""
     name = re.sub(r"\s+", "", name)
     name = re.sub(r"^void", "", name)
+    name = name.replace("(bool)0", "false").replace("(bool)1", "true")
+    name = re.sub(r"\((?:unsigned)?int\)(\d+)", r"\1", name)
     return re.sub(r"(\(anonymousnamespace\)::|kvc::)(?=\w+(<|\())", "", name, count=1)
 
 
@@ -113,10 +125,10 @@ def counters(row: dict[str, str], units: dict[str, str], tokens: int,
     inst = get("smsp__inst_executed.sum")
     return KernelCounters(
         kernel=name,
-        duration_us=_round(_scaled(get("gpu__time_duration.sum"),
-                                   units.get("gpu__time_duration.sum", "nsecond"), "second"), 1e6),
-        dram_gb_s=_round(_scaled(get("dram__bytes.sum.per_second"),
-                                 units.get("dram__bytes.sum.per_second", "byte/second"), "byte"), 1e-9),
+        duration_us=_round(_seconds(get("gpu__time_duration.sum"),
+                                    units.get("gpu__time_duration.sum") or "ns"), 1e6),
+        dram_gb_s=_round(_bytes_per_second(get("dram__bytes.sum.per_second"),
+                                           units.get("dram__bytes.sum.per_second") or "byte/s"), 1e-9),
         dram_pct_of_peak=get("dram__throughput.avg.pct_of_peak_sustained_elapsed"),
         issue_active_pct=get("smsp__issue_active.avg.pct_of_peak_sustained_active"),
         warps_active_pct=get("sm__warps_active.avg.pct_of_peak_sustained_active"),

@@ -42,6 +42,7 @@ def test_every_cuda_kernel_is_named_and_a_missing_launch_is_reported():
 
 
 def _raw_csv(path: Path, rows: list[dict[str, str]], units: dict[str, str]) -> None:
+    """A file shaped as `ncu --import R --page raw --csv`: a header, a units row, one row a launch."""
     cols = ["ID", "Kernel Name"] + [k for k in units]
     lines = ["==PROF== Connected to process 1", ",".join(f'"{c}"' for c in cols),
              ",".join(f'"{units.get(c, "")}"' for c in cols)]
@@ -50,7 +51,7 @@ def _raw_csv(path: Path, rows: list[dict[str, str]], units: dict[str, str]) -> N
 
 
 def test_ncu_report_reads_the_last_launch_and_divides_by_tokens(tmp_path):
-    units = {"gpu__time_duration.sum": "nsecond", "dram__bytes.sum.per_second": "byte/second",
+    units = {"gpu__time_duration.sum": "ns", "dram__bytes.sum.per_second": "byte/s",
              "dram__throughput.avg.pct_of_peak_sustained_elapsed": "%",
              "smsp__issue_active.avg.pct_of_peak_sustained_active": "%",
              "smsp__inst_executed.sum": "inst",
@@ -79,6 +80,8 @@ def test_ncu_report_reads_the_last_launch_and_divides_by_tokens(tmp_path):
     assert k.static_per_token == 400  # sass_after.json: the aligned bf16 / ue8m0 fused write
     assert k.top_stalls == [("long_scoreboard", 40.0), ("lg_throttle", 25.5), ("wait", 3.0)]
     assert "x1.10" in ncu_report.summary_line(k)
+    assert ncu_report.normalise("void kvc::dsa_kernel<(bool)0, (bool)1, (bool)1>(kvc::MlaWriteParams, "
+                                "kvc::IndexerWriteParams)") == ncu_report.normalise(name)
 
 
 def test_ncu_report_cli_writes_json_and_markdown(tmp_path):
