@@ -1,6 +1,7 @@
 """Shared fixtures: devices to run on, and caches surrounded by guard bytes."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,10 @@ def pytest_collection_modifyitems(config, items) -> None:
 def simt():
     """The CUDA kernels built for the host (tests/simt/simt_host.h): one thread per lane."""
     from torch.utils.cpp_extension import load
-    build = ROOT / "build" / "simt_host"
+    # One folder per Python and torch: an environment never waits on another's lock (torch
+    # versions lock the folder differently) nor loads another's build.
+    env = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
+    build = ROOT / "build" / f"simt_host-{env}"
     build.mkdir(parents=True, exist_ok=True)
     return load(name="kvc_simt_host",
                 sources=[str(ROOT / "tests/simt/simt_ops.cpp")]
