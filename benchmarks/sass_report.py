@@ -34,11 +34,9 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,9 +139,11 @@ def fast_path(insns: list[tuple[int, str]]) -> tuple[int, int]:
             return out + (nxt if conditional else [])
         return nxt
 
-    @lru_cache(maxsize=None)
-    def best(i: int) -> tuple[int, int, int, int]:
-        """(bytes loaded, bytes stored, -instructions, loops) of the best path from i to EXIT."""
+    # Every edge goes forward once back edges are dropped, so the best path from each
+    # instruction follows from those after it: one pass from the end, no recursion (whose depth,
+    # the path's length, outgrows Python 3.12's C stack limit).
+    best: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)] * n  # (loaded, stored, -insns, loops)
+    for i in range(n - 1, -1, -1):
         text = insns[i][1]
         loaded, stored = mem_bytes(text)
         op = re.sub(r"^@!?U?P[T0-9]+\s+", "", text)
@@ -153,14 +153,11 @@ def fast_path(insns: list[tuple[int, str]]) -> tuple[int, int]:
         loop_here = 1 if ("BRA" in text and (m := re.search(r"0x([0-9a-f]+)", op))
                           and int(m.group(1), 16) <= insns[i][0]) else 0
         if not nexts:
-            if op.startswith("EXIT"):
-                return (loaded, stored, -1, loop_here)
-            return (-(1 << 30), 0, -1, 0)
-        ld, st, neg_len, lp = max((best(j) for j in nexts), key=lambda c: c[:3])
-        return (ld + loaded, st + stored, neg_len - 1, lp + loop_here)
-
-    sys.setrecursionlimit(max(10000, 4 * n))
-    _, _, neg_len, lp = best(0)
+            best[i] = (loaded, stored, -1, loop_here) if op.startswith("EXIT") else (-(1 << 30), 0, -1, 0)
+            continue
+        ld, st, neg_len, lp = max((best[j] for j in nexts), key=lambda c: c[:3])
+        best[i] = (ld + loaded, st + stored, neg_len - 1, lp + loop_here)
+    _, _, neg_len, lp = best[0]
     return -neg_len, lp
 
 
