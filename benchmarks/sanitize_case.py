@@ -144,7 +144,8 @@ def every_op(dev: torch.device) -> None:
     for layout, bs in (("BLHNC", 1), ("LBNHC", 16), ("BHLNC", 64)):
         specs = [kvc.CacheSpec("mla", 656, 2), kvc.CacheSpec("indexer", 132, 2),
                  kvc.CacheSpec("kv", 6, 1, 3), kvc.CacheSpec("kv8", 5, 1, 3),
-                 kvc.CacheSpec("vv8", 5, 1, 3), kvc.CacheSpec("mla8", 576, 1)]
+                 kvc.CacheSpec("vv8", 5, 1, 3), kvc.CacheSpec("mla8", 576, 1),
+                 kvc.CacheSpec("mla16", 1152, 1)]
         nb = max(4, 300 // bs)
         plan = kvc.plan_cache(specs, nb, bs, layout)
         cache = kvc.allocate(plan, dev, fill=0)
@@ -160,6 +161,9 @@ def every_op(dev: torch.device) -> None:
             kvc.ops.dsa_write(x[:, :512].to(dtype), x[:, 512:].to(dtype), cache.view("mla", 1),
                               k.to(dtype), cache.view("indexer", 1), slots, "fp8_ds_mla", "ue8m0", "split")
         kvc.ops.concat_and_cache_mla(x[:, :512], x[:, 512:], cache.view("mla", 0), slots)
+        kvc.ops.concat_and_cache_mla(x[:, :512], x[:, 512:], cache.view("mla16", 0), slots, "auto")
+        kvc.ops.dsa_write(x[:, :512], x[:, 512:], cache.view("mla16", 0), k, cache.view("indexer", 0),
+                          slots, "auto")
         kvc.ops.indexer_k_quant_and_cache(k, cache.view("indexer", 0), slots, None, "row")
         kvc.ops.reshape_and_cache(torch.randn(t, 3, 3, device=dev, dtype=torch.float16),
                                   cache.view("kv", 0), slots)
