@@ -35,7 +35,7 @@ METRICS = ",".join([
 # "byte/second"), and scaled ones in case: factors to seconds and to bytes per second.
 _SECONDS = {"ns": 1e-9, "nsecond": 1e-9, "us": 1e-6, "usecond": 1e-6, "ms": 1e-3, "msecond": 1e-3,
             "s": 1.0, "second": 1.0}
-_PREFIX = {"": 1.0, "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+_PREFIX = {"": 1.0, "K": 1e3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
 
 @dataclass
@@ -67,19 +67,22 @@ def _number(text: str) -> float | None:
 
 
 def _seconds(value: float | None, unit: str) -> float | None:
+    """value in `unit` as seconds; None (with a warning) for a unit not known here."""
     if value is None:
         return None
     if unit.strip() not in _SECONDS:
-        raise SystemExit(f"ncu_report: unknown time unit {unit!r}")
+        print(f"ncu_report: warning: unknown time unit {unit!r}, duration left out")
+        return None
     return value * _SECONDS[unit.strip()]
 
 
 def _bytes_per_second(value: float | None, unit: str) -> float | None:
     if value is None:
         return None
-    m = re.fullmatch(r"([KkMGT]?)byte/s(econd)?", unit.strip())
+    m = re.fullmatch(r"([KkMGTP]?)(?:B|byte)/s(?:econd)?", unit.strip())
     if not m:
-        raise SystemExit(f"ncu_report: unknown bandwidth unit {unit!r}")
+        print(f"ncu_report: warning: unknown bandwidth unit {unit!r}, DRAM GB/s left out")
+        return None
     return value * _PREFIX[m.group(1)]
 
 
@@ -95,13 +98,14 @@ def read_rows(path: Path) -> tuple[list[dict[str, str]], dict[str, str]]:
 
 
 def normalise(name: str) -> str:
-    """A demangled kernel name without spaces, `void`, and namespace qualifiers of the function,
-    template arguments spelt as cuobjdump spells them (ncu may print `(bool)0` for `false`)."""
+    """A demangled kernel name without spaces, `void` and the function's qualifiers (the kernels
+    live in kvc::cuda's anonymous namespace, which tools spell `(anonymous namespace)` or
+    `<unnamed>`), template arguments spelt as cuobjdump spells them (ncu: `(bool)0` for false)."""
     name = re.sub(r"\s+", "", name)
     name = re.sub(r"^void", "", name)
+    name = re.sub(r"^(?:(?:\w+|<unnamed>|\(anonymousnamespace\))::)+(?=\w+[<(])", "", name)
     name = name.replace("(bool)0", "false").replace("(bool)1", "true")
-    name = re.sub(r"\((?:unsigned)?int\)(\d+)", r"\1", name)
-    return re.sub(r"(\(anonymousnamespace\)::|kvc::)(?=\w+(<|\())", "", name, count=1)
+    return re.sub(r"\((?:unsigned)?int\)(\d+)", r"\1", name)
 
 
 def static_counts(path: Path) -> tuple[dict[str, float], str]:
