@@ -36,9 +36,10 @@ def test_the_gpu_instructions_convert_every_input_like_the_cpu_kernels(tmp_path)
     """The kernels' hardware conversions (e4m3 and bf16 encoding of every float, e4m3 decoding,
     fp16 widening, the tile division on __frcp_rn / __fmaf_rn) give the software's bytes."""
     exe = tmp_path / "convert_exhaustive_gpu"
-    subprocess.run([nvcc(), "-O3", "--fmad=false", "-std=c++17", "-arch=native", f"-I{ROOT / 'csrc'}",
-                    str(ROOT / "tests" / "convert_exhaustive_gpu.cu"), "-o", str(exe)],
-                   check=True, capture_output=True, timeout=300)
+    build = subprocess.run([nvcc(), "-O3", "--fmad=false", "-std=c++17", "-arch=native",
+                            f"-I{ROOT / 'csrc'}", str(ROOT / "tests" / "convert_exhaustive_gpu.cu"),
+                            "-o", str(exe)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
     print(r.stdout)
     assert r.returncode == 0 and "mismatches: 0" in r.stdout, r.stdout
