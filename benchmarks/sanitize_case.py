@@ -41,13 +41,12 @@ def racecheck_case(dev: torch.device) -> None:
 
 
 def v4_case(dev: torch.device, bad: bool = True) -> None:
-    """DeepSeek-V4's ops on the packed V4-Flash slab: writes with padding and (bad=True, CUDA:
-    skipped) out-of-range slots, inputs off 16-B alignment (the kernels' generic variants) and
-    aligned (their aligned variants), reads by slots, through block tables with entries outside
-    the view, and the compressed + SWA window read."""
+    """DeepSeek-V4's ops on the packed V4-Flash slab, with the 584-B main-KV record and with
+    V4.1's 528-B one: writes with padding and (bad=True, CUDA: skipped) out-of-range slots,
+    inputs off 16-B alignment (the kernels' generic variants) and aligned (their aligned
+    variants), reads by slots, through block tables with entries outside the view, and the
+    compressed + SWA window read."""
     from kvcache_ext import ops_v4 as o4
-    plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("flash"), num_blocks=6, layout="BLHNC")
-    cache = kvc.allocate(plan, dev, fill=0)
     g = torch.Generator().manual_seed(1)
     t, rows = 70, 6 * 64
     x = torch.randn(t, 700, generator=g).to(dev, torch.bfloat16)
@@ -55,46 +54,29 @@ def v4_case(dev: torch.device, bad: bool = True) -> None:
     slots[::9] = -1
     if bad:
         slots[4] = rows + 5
-    c4, mx, swa = cache.view("c4_kv", 1), cache.view("c4_indexer", 1), cache.view("swa0_kv", 1)
-    for kv, k in ((x[:, :512], x[:, 512:640]), (x[:, 1:513], x[:, 513:641])):  # aligned, then not
-        o4.v4_mla_quant_and_cache(kv, swa, slots)
-        o4.v4_dsa_write(kv, c4, k, mx, slots)
-        o4.mxfp4_quant_and_cache(k.float(), mx, slots.flip(0))
-    o4.state_write(x[:20, :100].float(), x[:20, 100:200].float(),
-                   cache.view("c4_indexer_state", 0)[..., :800], torch.arange(20, device=dev))
     table = torch.randint(-2, 9, (3, 5), generator=g, dtype=torch.int32).to(dev)
     cu = torch.tensor([0, 70, 70, 200], dtype=torch.int32, device=dev)
     top = slots.clamp(min=-1).view(7, 10)
-    for fmt, view in (("fp8_ds_mla_v4", c4), ("mxfp4", mx)):
-        for dtype, raw in ((torch.bfloat16, False), (torch.float32, False), (None, True)):
-            o4.gather_v4(view, table, cu, fmt, dtype=dtype, raw=raw, validate=False)
-            o4.gather_v4_slots(view, top, fmt, dtype=dtype, raw=raw, validate=False)
     lens = torch.tensor([300, 9, 0], dtype=torch.int32, device=dev)
     c_bt = torch.tensor([[0, 7], [1, -1], [-1, -1]], dtype=torch.int32, device=dev)
-    o4.gather_compressed_and_swa(c4, c_bt, 4, swa, table, lens, validate=False)
-    o4.gather_compressed_and_swa(c4, c_bt, 4, swa, table, lens, raw=True, validate=False)
-    v41_case(dev, x, slots, table, cu, top)
-
-
-def v41_case(dev: torch.device, x: torch.Tensor, slots: torch.Tensor, table: torch.Tensor,
-             cu: torch.Tensor, top: torch.Tensor) -> None:
-    """DeepSeek-V4.1's 528-B rows (fmt="v41_mxfp8"): the write alone and in the pair, aligned and
-    not, and its reads by slots, by block table and through the window."""
-    from kvcache_ext import ops_v4 as o4
-    fmt = "v41_mxfp8"
-    plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("flash", mla=fmt), num_blocks=6,
-                          layout="BLHNC")
-    cache = kvc.allocate(plan, dev, fill=0)
-    c4, mx, swa = cache.view("c4_kv", 1), cache.view("c4_indexer", 1), cache.view("swa0_kv", 1)
-    for kv, k in ((x[:, :512], x[:, 512:640]), (x[:, 1:513], x[:, 513:641])):
-        o4.v4_mla_quant_and_cache(kv, swa, slots, fmt=fmt)
-        o4.v4_dsa_write(kv, c4, k, mx, slots, fmt=fmt)
-    for dtype, raw in ((torch.bfloat16, False), (torch.float32, False), (None, True)):
-        o4.gather_v4(c4, table, cu, fmt, dtype=dtype, raw=raw, validate=False)
-        o4.gather_v4_slots(c4, top, fmt, dtype=dtype, raw=raw, validate=False)
-    lens = torch.tensor([300, 9, 0], dtype=torch.int32, device=dev)
-    c_bt = torch.tensor([[0, 7], [1, -1], [-1, -1]], dtype=torch.int32, device=dev)
-    o4.gather_compressed_and_swa(c4, c_bt, 4, swa, table, lens, validate=False, fmt=fmt)
+    for mla, fmt in (("fp8_ds_mla", "fp8_ds_mla_v4"), ("v41_mxfp8", "v41_mxfp8")):
+        plan = kvc.plan_cache(groups=kvc.presets.deepseek_v4("flash", mla=mla), num_blocks=6,
+                              layout="BLHNC")
+        cache = kvc.allocate(plan, dev, fill=0)
+        c4, mx, swa = cache.view("c4_kv", 1), cache.view("c4_indexer", 1), cache.view("swa0_kv", 1)
+        for kv, k in ((x[:, :512], x[:, 512:640]), (x[:, 1:513], x[:, 513:641])):  # aligned, then not
+            o4.v4_mla_quant_and_cache(kv, swa, slots, fmt=fmt)
+            o4.v4_dsa_write(kv, c4, k, mx, slots, fmt=fmt)
+            o4.mxfp4_quant_and_cache(k.float(), mx, slots.flip(0))
+        o4.state_write(x[:20, :100].float(), x[:20, 100:200].float(),
+                       cache.view("c4_indexer_state", 0)[..., :800], torch.arange(20, device=dev))
+        for view_fmt, view in ((fmt, c4), ("mxfp4", mx)):
+            for dtype, raw in ((torch.bfloat16, False), (torch.float32, False), (None, True)):
+                o4.gather_v4(view, table, cu, view_fmt, dtype=dtype, raw=raw, validate=False)
+                o4.gather_v4_slots(view, top, view_fmt, dtype=dtype, raw=raw, validate=False)
+        for raw in (False, True):
+            o4.gather_compressed_and_swa(c4, c_bt, 4, swa, table, lens, raw=raw, validate=False,
+                                         fmt=fmt)
 
 
 def ncu_case(dev: torch.device, tokens: int = 16384) -> None:
@@ -212,8 +194,9 @@ def main() -> None:
             torch.cuda.synchronize()
         launched = sorted({e.key for e in prof.key_averages()})
         print("\n".join(f"launched: {k}" for k in launched))
-        missing = never_launched(launched, kernel_names())
-        print(f"sanitize_case: {len(kernel_names()) - len(missing)} of {len(kernel_names())} kernels "
+        names = kernel_names()
+        missing = never_launched(launched, names)
+        print(f"sanitize_case: {len(names) - len(missing)} of {len(names)} kernels "
               f"launched" + (f"; never launched: {', '.join(missing)}" if missing else ""))
         raise SystemExit(1 if missing else 0)
     if args.racecheck or args.ncu:
