@@ -110,11 +110,12 @@ class Endpoint(TransferResources):
         self._handles: set[TransferHandle] = set()
         self._local_grids: dict[int, object] = {}              # granule -> prepared local list
         self._peer_grids: dict[tuple[str, int], object] = {}   # (peer, granule) -> remote list
-        self._stage_free: list[tuple[torch.Tensor, object]] = []  # staging buffers, registered
-        self._stage_all: list[tuple[torch.Tensor, object]] = []
+        self._stage_all: list[tuple[torch.Tensor, object]] = []  # staging buffers, registered
+        self._stage_free: list[torch.Tensor] = []  # those of _stage_all lent to no transfer
         self.strided = paths.nixl_has_strided()
         self._unpack_pool = None  # resources.py: made on first staged read
-        self._closed = False
+        self._closed = False   # the agent is gone
+        self._closing = False  # close() has begun: no transfer starts or goes on
         self._mem_type = "VRAM" if buf.is_cuda else "DRAM"
         self._device_id = (buf.device.index or 0) if buf.is_cuda else 0
         config = nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False,
@@ -270,14 +271,18 @@ class Endpoint(TransferResources):
         if path == "staged":
             parts, on_end = paths.staged_parts(self, peer, remote_off, local_off, lengths, stats)
         handle = TransferHandle(self, peer, op, parts, stats, on_end)
-        with self._lock:
-            self._handles.add(handle)
-        handle._post_next(t0)
+        with handle._mu:  # close() may abandon it as soon as it is listed
+            with self._lock:
+                if self._closing:
+                    handle._abandon(f"Endpoint {self.name!r} was closed during the {op}")
+                    raise NixlError(handle._why)
+                self._handles.add(handle)
+            handle._post_next(t0)
         return handle
 
     def _post(self, handle: TransferHandle, xfer) -> str:
         with self._lock:
-            if self._closed:
+            if self._closing:
                 raise NixlError(f"Endpoint {self.name!r} was closed during the {handle.op}")
             try:
                 return self._agent.transfer(xfer)
@@ -287,20 +292,21 @@ class Endpoint(TransferResources):
 
     def _state(self, handle: TransferHandle) -> str:
         with self._lock:
-            if self._closed:
+            if self._closing:
                 raise NixlError(f"Endpoint {self.name!r} was closed during the {handle.op}")
             if self._peers.get(handle.peer.name) is not handle.peer:
-                self._release(handle, handle._xfer)
                 handle._abandon(f"peer {handle.peer.name!r} was removed during the {handle.op}")
-                self._handles.discard(handle)
                 raise NixlError(handle._why)
             try:
                 return self._agent.check_xfer_state(handle._xfer)
             except Exception as e:
                 err = nixl_error(e, f"NIXL {handle.op} of {handle.spans} spans", handle.peer.name)
                 handle._abandon(str(err))
-                self._handles.discard(handle)
                 raise err from None
+
+    def _peer_removed(self, peer: Peer) -> bool:
+        with self._lock:
+            return self._peers.get(peer.name) is not peer
 
     def _telemetry_pieces(self, xfer, default: int) -> int:
         """The descriptors NIXL posted for a finished transfer (its telemetry), else default."""
@@ -324,27 +330,27 @@ class Endpoint(TransferResources):
 
     # ---- lifetime ---------------------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._closed:
+        if self._closing:
             raise ValueError(f"Endpoint {self.name!r} is closed")
 
     def close(self) -> None:
-        """Stop the poller, release unfinished transfers, forget peers, deregister the buffer."""
-        if self._closed:
-            return
+        """Stop the poller, fail unfinished transfers (each waits for its running unpack),
+        forget peers, deregister the buffers. Safe while other threads wait on transfers:
+        they get NixlError."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True  # from here no transfer starts or goes on
+            handles = list(self._handles)
         _OPEN.discard(self)
         self._stop.set()
         if self._poller is not None:
             self._poller.join(timeout=5)
+        for h in handles:  # outside the Endpoint's lock: a handle's lock comes first
+            h._abandon(f"Endpoint {self.name!r} was closed during the {h.op}")
         if self._unpack_pool is not None:
             self._unpack_pool.shutdown(wait=True)
         with self._lock:
-            for h in list(self._handles):
-                if h._xfer is not None:
-                    try:
-                        self._agent.release_xfer_handle(h._xfer)
-                    except Exception:
-                        pass
-                h._abandon(f"Endpoint {self.name!r} was closed during the {h.op}")
             self._handles.clear()
             self._release_dlists(list(self._local_grids.values()) + list(self._peer_grids.values()))
             self._local_grids.clear()
@@ -376,5 +382,5 @@ class Endpoint(TransferResources):
         self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._peers)} peer(s)"
+        state = "closed" if self._closing else f"{len(self._peers)} peer(s)"
         return f"Endpoint({self.name!r}, {self.plan.layout}, {self.cache.buffer.numel()} B, {state})"

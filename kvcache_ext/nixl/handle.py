@@ -4,6 +4,7 @@ also unpacks its staging bytes into the cache once its NIXL transfer is done, th
 part."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -68,7 +69,11 @@ class Part:
 class TransferHandle:
     """One transfer (one or more NIXL transfers). done() polls (and drives progress);
     wait(timeout_s) returns when it has finished, and raises TimeoutError, PeerGoneError or
-    NixlError otherwise. `stats` says what it did (complete once done)."""
+    NixlError otherwise. `stats` says what it did (complete once done).
+
+    Threads: the caller's thread drives it (done, wait, cancel) while another may give it up
+    (the Endpoint closing, the peer removed): each of those holds the handle's own lock, and
+    none takes it while holding the Endpoint's lock (the order is handle, then Endpoint)."""
 
     def __init__(self, ep, peer, op: str, parts: list[Part], stats: TransferStats,
                  on_end: Callable[[], None] | None = None) -> None:
@@ -85,6 +90,7 @@ class TransferHandle:
         self._cancelled = False  # cancel() gave it up before it finished
         self._unpacks: list = []  # futures of overlapped after() calls, one per part so far
         self._reads_done = False
+        self._mu = threading.RLock()
 
     @property
     def _xfer(self):
@@ -96,6 +102,9 @@ class TransferHandle:
         reuses the staging half of part j - 2: that part's unpack must have finished."""
         if self._next >= 2 and len(self._unpacks) >= self._next - 1:
             self._unpacks[self._next - 2].result()
+        if self._ep._peer_removed(self.peer):
+            self._abandon(f"peer {self.peer.name!r} was removed during the {self.op}")
+            raise NixlError(self._why)
         part = self._parts[self._next]
         self._next += 1
         t = time.perf_counter() if since is None else since
@@ -176,6 +185,10 @@ class TransferHandle:
         self._ep._ended(self)
 
     def done(self) -> bool:
+        with self._mu:
+            return self._done_locked()
+
+    def _done_locked(self) -> bool:
         if self._abandoned:
             raise NixlError(self._why)
         if self._cancelled:
@@ -197,28 +210,31 @@ class TransferHandle:
         return self._done
 
     def _abandon(self, why: str) -> None:
-        """Given up from outside (the Endpoint closed, the peer was removed); the Endpoint
-        released the NIXL transfer itself. done() raises NixlError(why) from then on."""
-        self._why = f"{why}: the bytes of its {self.spans} spans are undefined"
-        if self._current is not None:
-            self._current.xfer = None
-            if self._current.cleanup is not None:
-                self._current.cleanup()
-            self._current = None
-        self._abandoned = True
-        if self._on_end is not None:
-            self._on_end()
-            self._on_end = None
-        self._done = True
+        """Given up from outside (the Endpoint closing, the peer removed): its NIXL transfer is
+        released, and it ends once no unpack of it still runs (nothing may land in the cache or
+        read the staging buffer after that). done() raises NixlError(why) from then on."""
+        with self._mu:
+            if self._done:
+                return
+            self._why = f"{why}: the bytes of its {self.spans} spans are undefined"
+            part, self._current = self._current, None
+            if part is not None:
+                self._ep._release(self, part.xfer)
+                part.xfer = None
+                if part.cleanup is not None:
+                    part.cleanup()
+            self._abandoned = True
+            self._end()
 
     def cancel(self) -> None:
         """Give up on an unfinished transfer (NIXL aborts it; no later part is posted); the
         bytes it covers are undefined, and done() / wait() raise NixlError from then on. A
         finished transfer stays finished."""
-        if not self._done:
-            self._finish_part(ok=False)
-            self._cancelled = True
-            self._end()
+        with self._mu:
+            if not self._done:
+                self._finish_part(ok=False)
+                self._cancelled = True
+                self._end()
 
     def wait(self, timeout_s: float) -> None:
         """Return when the transfer has finished; raise TimeoutError after timeout_s seconds. A

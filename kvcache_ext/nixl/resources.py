@@ -9,12 +9,15 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from .handle import NixlError
+
 
 class TransferResources:
     def _grids(self, peer, g: int) -> tuple[object, object, bool]:
         """Our buffer and the peer's as prepared grids of g-byte granules (made on first use,
         kept until the peer is removed); the bool: made now."""
         with self._lock:
+            self._refuse_if_closing()
             first = False
             local = self._local_grids.get(g)
             if local is None:
@@ -32,6 +35,10 @@ class TransferResources:
                 first = True
             return local, remote, first
 
+    def _refuse_if_closing(self) -> None:
+        if self._closing:
+            raise NixlError(f"Endpoint {self.name!r} was closed during a transfer")
+
     def _release_dlists(self, handles) -> None:
         with self._lock:
             if self._closed:
@@ -44,13 +51,14 @@ class TransferResources:
 
     def _staging(self, nbytes: int) -> torch.Tensor:
         """A registered staging buffer of at least nbytes on our cache's device, lent until
-        the transfer that asked ends (_return_staging)."""
+        the transfer that asked ends (_return_staging). Buffers are told apart by identity:
+        `==` on two tensors compares their elements (and fails for two sizes)."""
         with self._lock:
-            fits = [b for b in self._stage_free if b[0].numel() >= nbytes]
+            self._refuse_if_closing()
+            fits = [i for i, b in enumerate(self._stage_free) if b.numel() >= nbytes]
             if fits:
-                b = min(fits, key=lambda b: b[0].numel())
-                self._stage_free.remove(b)
-                return b[0]
+                i = min(fits, key=lambda i: self._stage_free[i].numel())
+                return self._stage_free.pop(i)
             size = max(1 << 20, 1 << max(nbytes - 1, 1).bit_length())
             buf = torch.empty(size, dtype=torch.uint8, device=self.cache.buffer.device)
             reg = self._agent.register_memory(buf)
@@ -60,13 +68,15 @@ class TransferResources:
     def _unpacker(self):
         """The thread that unpacks staged parts while the next part is read (made on first use)."""
         with self._lock:
+            self._refuse_if_closing()
             if self._unpack_pool is None:
                 self._unpack_pool = ThreadPoolExecutor(1, thread_name_prefix=f"kvc-unpack-{self.name}")
             return self._unpack_pool
 
     def _return_staging(self, buf: torch.Tensor) -> None:
+        """Back to the free list, once (a second return of the same buffer is a no-op); a
+        buffer this Endpoint no longer holds (closed since) is dropped."""
         with self._lock:
-            for b in self._stage_all:
-                if b[0] is buf and b not in self._stage_free:
-                    self._stage_free.append(b)
-
+            if any(b is buf for b, _ in self._stage_all) and \
+                    not any(b is buf for b in self._stage_free):
+                self._stage_free.append(buf)
