@@ -11,6 +11,8 @@ import torch
 import kvcache_ext as kvc
 
 ROOT = Path(__file__).resolve().parent.parent
+# tests/vllm_env runs inside .venv-vllm (tests/test_vllm_env.py starts it), never here
+collect_ignore = ["vllm_env"]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 GUARD = 256  # bytes of poison on each side of the plan's buffer
 

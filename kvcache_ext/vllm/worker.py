@@ -151,20 +151,25 @@ class WorkerSide:
     def _peer(self, r: Remote, timeout_s: float) -> kvc_nixl.Peer:
         """The producer's Endpoint as a peer: its metadata over the side channel (once per
         producer instance), checked against the parameters on every read (engine id and
-        instance: a restarted producer is another one)."""
+        instance: a restarted producer is another one). The side channel is asked outside the
+        lock (a producer that does not answer holds up no read from another); a peer is
+        replaced only by a newer instance than the one known, never by a stale request's."""
+        key = (r.host, r.port)
         with self._peer_lock:
-            known = self._peers.get((r.host, r.port))
-            if known is None or known[1] != r.instance:
-                reply, blob = call(r.host, r.port, {"op": "meta"}, timeout_s)
-                if reply.get("layers") != self.layer_names:
-                    raise LoadError(f"the producer's layers {reply.get('layers')} are not this "
-                                    f"engine's {self.layer_names}")
-                if known is not None:
-                    self.ep.remove_peer(known[2])
-                    del self._peers[(r.host, r.port)]
-                peer = self.ep.add_peer(blob)
-                known = (str(reply.get("engine_id")), str(reply.get("instance")), peer)
-                self._peers[(r.host, r.port)] = known
+            known = self._peers.get(key)
+        if known is None or known[1] != r.instance:
+            reply, blob = call(r.host, r.port, {"op": "meta"}, timeout_s)
+            if reply.get("layers") != self.layer_names:
+                raise LoadError(f"the producer's layers {reply.get('layers')} are not this "
+                                f"engine's {self.layer_names}")
+            fetched = (str(reply.get("engine_id")), str(reply.get("instance")))
+            with self._peer_lock:
+                known = self._peers.get(key)
+                if known is None or known[:2] != fetched:
+                    if known is not None:  # that producer was restarted: its blocks are gone
+                        self.ep.remove_peer(known[2])
+                    known = (*fetched, self.ep.add_peer(blob))
+                    self._peers[key] = known
         engine_id, instance, peer = known
         if engine_id != r.engine_id:
             raise LoadError(f"the producer at {r.host}:{r.port} is engine {engine_id!r}, the "

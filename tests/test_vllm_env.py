@@ -1,0 +1,52 @@
+"""The tests that need vLLM itself (tests/vllm_env/, no engine started): run by .venv-vllm's
+pytest in a subprocess, from a folder outside the tree so its own kvcache_ext build is imported;
+one test here per file there, failing with that file's failures. Without .venv-vllm these skip,
+unless KVC_REQUIRE_VLLM=1 (CI), where a missing vLLM fails."""
+from __future__ import annotations
+
+import os
+import subprocess
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = ROOT / "tests" / "vllm_env"
+VLLM_PYTHON = Path(os.environ.get("KVC_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+FILES = sorted(p.name for p in HERE.glob("test_*.py"))
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> dict[str, list[tuple[str, str]]]:
+    """{file: [(test, "" if passed else what failed)]} from one run of the whole folder."""
+    if not VLLM_PYTHON.exists():
+        if os.environ.get("KVC_REQUIRE_VLLM") == "1":
+            pytest.fail(f"KVC_REQUIRE_VLLM=1 but {VLLM_PYTHON} does not exist: run "
+                        f"scripts/setup.sh (it makes .venv-vllm)")
+        pytest.skip(f"no vLLM environment at {VLLM_PYTHON} (scripts/setup.sh makes it)")
+    tmp = tmp_path_factory.mktemp("vllm_env")
+    xml = tmp / "junit.xml"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["KVC_TREE"] = str(ROOT)
+    proc = subprocess.run([str(VLLM_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"--junitxml={xml}", str(HERE)], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=900)
+    log = proc.stdout + proc.stderr
+    if not xml.exists():
+        pytest.fail(f"pytest in {VLLM_PYTHON} wrote no report (exit {proc.returncode}):\n{log[-6000:]}")
+    out: dict[str, list[tuple[str, str]]] = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        file = case.get("classname", "").split(".")[-1] + ".py"
+        bad = [c for c in case if c.tag in ("failure", "error", "skipped")]
+        why = "" if not bad else f"{bad[0].tag}: {bad[0].get('message', '')}\n{bad[0].text or ''}"
+        out.setdefault(file, []).append((case.get("name", ""), why))
+    return out
+
+
+@pytest.mark.parametrize("file", FILES)
+def test_in_vllm_env(report, file: str) -> None:
+    cases = report.get(file)
+    assert cases, f"no test of {file} ran in .venv-vllm"
+    failed = [f"{name}: {why[:3000]}" for name, why in cases if why]
+    assert not failed, "\n\n".join(failed)
