@@ -117,7 +117,7 @@ IndexerGatherParams parse_gather_indexer(const at::Tensor& view, const GatherSou
   p.codes_stride = codes.stride(0);
   p.scales = ptr<float>(scales);
   check_gather_outputs({named(codes, "codes"), named(scales, "scales")}, view, src, std::nullopt);
-  check_apart({named(codes, "codes")}, {named(scales, "scales")});
+  check_outputs_apart(named(codes, "codes"), named(scales, "scales"));
   if (validate) validate_source(view, src, p.view, p.num_tokens);
   return p;
 }
