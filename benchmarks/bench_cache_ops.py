@@ -45,7 +45,7 @@ from kvcache_ext.cli.timing import Timer, Timing, time_interleaved, time_samples
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import (COPY_BELOW_USUAL_FACTOR, NOISY, NOISY_SPREAD_PCT, Result,  # noqa: E402
-                          copy_summary, usual_copy, write)
+                          copy_summary, other_host, usual_copy, write)
 from bench_cases import BLOCK, MAX_SETS, ROTATE_BYTES, build_cases  # noqa: E402
 
 SIZES = [1, 8, 64, 512, 4096, 16384, 65536]
@@ -212,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                   if args.usual_copy is None else None if args.usual_copy == "none"
                   else Path(args.usual_copy))
     usual = usual_copy(usual_path, meta) if usual_path else None
+    meta["usual_copy_other_host"] = other_host(usual_path, meta) if usual_path else None
     checkpoints: list[tuple[str, list[float]]] = []  # the large copy's samples, through the run
 
     def copy_checkpoint(at: str) -> dict:

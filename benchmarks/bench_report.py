@@ -187,6 +187,20 @@ def usual_copy(path: Path, meta: dict) -> dict | None:
             "date": om.get("date", "unknown")}
 
 
+def other_host(path: Path | None, meta: dict) -> dict | None:
+    """A previous results file of the same device and copy size measured on another host: its
+    host and figure, reported as such and never compared (None when there is none)."""
+    try:
+        old = json.loads(Path(path).read_text())
+        om = old["meta"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if (om.get("device_name") != meta.get("device_name") or om.get("copy_bytes") != meta.get("copy_bytes")
+            or not om.get("host") or not meta.get("host") or om["host"] == meta["host"]):
+        return None
+    return {"host": om["host"], "gbps": old.get("copy_gbps"), "source": str(path)}
+
+
 def run_warnings(results: list[Result], copy: dict, usual: dict | None,
                  device_type: str) -> list[str]:
     """What makes this run's figures doubtful, each warning named by the check that raised it:
@@ -258,8 +272,11 @@ def markdown(results: list[Result], copy: dict, copies: list[dict], meta: dict,
         lines.append(f"device copy bandwidth (read + write, {copy['bytes'] >> 20} MiB copy): "
                      f"{copy['gbps']:.1f} GB/s, median of {copy['samples']} samples taken at "
                      f"{len(pts)} points of the run{where}; spread {copy['spread_pct']:.0f} %")
+    elsewhere = meta.get("usual_copy_other_host")
     lines.append(f"usual copy bandwidth: {usual['gbps']:.1f} GB/s ({usual['source']}, commit "
                  f"{usual['commit'][:12]})" if usual else
+                 f"usual copy bandwidth: none for this host (the file on record was measured on "
+                 f"{elsewhere['host']}: not compared)" if elsewhere else
                  "usual copy bandwidth: none on record for this device")
     lines.append("")
     if warnings:

@@ -67,8 +67,13 @@ def test_bench_writes_every_op_layout_and_size(tmp_path):
     assert lo <= data["copy_gbps"] <= hi
     assert isinstance(data["warnings"], list)
     committed = BENCH / "results" / "bench_cpu.json"
-    if committed.exists():  # the machine's usual figure comes from the committed run
-        assert data["usual_copy"]["gbps"] == json.loads(committed.read_text())["copy_gbps"]
+    if committed.exists():  # the machine's usual figure comes from the committed run, if it
+        old = json.loads(committed.read_text())  # was measured on this host; else it is named
+        if old["meta"].get("host") in (None, meta["host"]):
+            assert data["usual_copy"]["gbps"] == old["copy_gbps"]
+        else:
+            assert data["usual_copy"] is None
+            assert meta["usual_copy_other_host"]["host"] == old["meta"]["host"]
     copies = data["block_copies"]
     assert {(c["layout"], c["direction"], c["blocks"]) for c in copies} == \
         {(lay, d, n) for lay in ("BLHNC", "LBNHC") for d in ("to_host", "to_device") for n in (1, 16, 64)}
@@ -269,6 +274,24 @@ def test_copy_yardstick_below_usual_figure_warns(tmp_path, capsys):
     assert any(w.startswith("copy yardstick far below usual") for w in data["warnings"])
     assert "warning: copy yardstick far below usual" in capsys.readouterr().err
     assert "copy yardstick far below usual" in (out / "bench_cpu.md").read_text()
+
+
+def test_a_result_from_another_host_is_named_not_compared(tmp_path):
+    """The committed results may come from another machine (AMD EPYC, Intel Xeon with AMX...):
+    a run on this host names that host and compares nothing with its figure."""
+    usual_file = tmp_path / "usual.json"
+    usual_file.write_text(json.dumps({"meta": dict(META, host="Some Other CPU @ 9.9GHz x2"),
+                                      "copy_gbps": 1e6}))
+    out = tmp_path / "run"
+    assert bench_cache_ops.main(["--device", "cpu", "--budget-s", "0", "--no-block-copies",
+                                 "--repeats", "2", "--out", str(out),
+                                 "--usual-copy", str(usual_file)]) == 0
+    data = json.loads((out / "bench_cpu.json").read_text())
+    assert data["usual_copy"] is None
+    assert data["meta"]["usual_copy_other_host"]["host"] == "Some Other CPU @ 9.9GHz x2"
+    assert not any("usual" in w for w in data["warnings"])
+    assert ("measured on Some Other CPU @ 9.9GHz x2: not compared"
+            in (out / "bench_cpu.md").read_text())
 
 
 def test_a_run_with_capped_row_loops_gets_its_own_files(tmp_path, monkeypatch):
