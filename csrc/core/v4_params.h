@@ -37,6 +37,7 @@ struct V4WriteParams {
   DType dtype;
   V4Format format;
   bool scale_floor;  // kMla, kMxfp8: floor the scale (CuTe DSL) instead of the amax (canonical)
+  bool flush_subnormals;  // kMla, kMxfp8: |x / 2^e| < 2^-6 -> +-0 (vLLM-CPU's window writer)
   PagedView view;
   const int64_t* slots;
   int64_t num_tokens;

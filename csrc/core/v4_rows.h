@@ -78,6 +78,13 @@ KVC_HD int32_t v4_mla_exponent(float amax, bool scale_floor) {
   const float s = scale_floor ? fmax_(amax / kFp8Max, kV4Floor) : fmax_(amax, kV4Floor) / kFp8Max;
   return ceil_log2(s);
 }
+// subnormals="flush" (vLLM-CPU's window writer): a value whose quotient by 2^e would be an e4m3
+// subnormal, |x / 2^e| < 2^-6 before rounding, is written as +-0 (its sign kept). Applied to
+// the input, since x / 2^e is exact and the rounding would move 2^-6 - 2^-10 .. 2^-6 to 2^-6.
+KVC_HD float flush_below(float x, float threshold) {
+  const uint32_t b = float_bits(x);
+  return bits_float(b & 0x7FFFFFFFu) < threshold ? bits_float(b & 0x80000000u) : x;
+}
 KVC_HD uint8_t v4_scale_byte(int32_t e) {
   const int32_t b = e + 127;
   return static_cast<uint8_t>(b < 0 ? 0 : b > 255 ? 255 : b);

@@ -23,24 +23,31 @@ const uint16_t* as_bf16(const void* src, DType t, int64_t n, uint16_t* buf) {
 }
 
 // tiles x tile values under power-of-two scales (v4_mla_exponent): codes into data, scale bytes
-// (UE8M0) into scales.
-void pow2_tiles(const uint16_t* x, int64_t tiles, int64_t tile, bool scale_floor, uint8_t* data,
-                uint8_t* scales) {
+// (UE8M0) into scales. flush: values that would be e4m3 subnormals become +-0 first (into buf,
+// a copy of the row: x may be the caller's tensor).
+void pow2_tiles(const uint16_t* x, int64_t tiles, int64_t tile, const V4WriteParams& p,
+                uint16_t* buf, uint8_t* data, uint8_t* scales) {
   float s[kV41Tiles];  // the most tiles a row has (V4.1: 16)
   tile_amax(x, DType::kBFloat16, tiles, tile, tile, s);
   for (int64_t k = 0; k < tiles; ++k) {
-    const int32_t e = v4_mla_exponent(s[k], scale_floor);
+    const int32_t e = v4_mla_exponent(s[k], p.scale_floor);
+    if (p.flush_subnormals) {
+      const float below = pow2f(e - 6);
+      for (int64_t i = k * tile; i < (k + 1) * tile; ++i)
+        buf[i] = float_to_bf16(flush_below(bf16_to_float(x[i]), below));
+    }
     // IEEE division by 2^e (inf for a tile holding +-inf: finite values -> +-0, inf -> NaN code)
     s[k] = pow2f(e);
     scales[k] = v4_scale_byte(e);
   }
-  quantize_tiles(x, DType::kBFloat16, tiles, tile, tile, s, data);
+  quantize_tiles(p.flush_subnormals ? buf : x, DType::kBFloat16, tiles, tile, tile, s, data);
 }
 static_assert(kV4Tiles <= kV41Tiles);
 
 // V4's 584-B row: 7 tiles of 64 NoPE values in fp8, the RoPE values as bf16.
-void mla_row(const uint16_t* x, bool scale_floor, uint8_t* data, uint8_t* scales) {
-  pow2_tiles(x, kV4Tiles, kV4Tile, scale_floor, data, scales);
+void mla_row(const uint16_t* x, const V4WriteParams& p, uint16_t* buf, uint8_t* data,
+             uint8_t* scales) {
+  pow2_tiles(x, kV4Tiles, kV4Tile, p, buf, data, scales);
   std::memcpy(data + kV4Nope, x + kV4Nope, 2 * (kV4Dim - kV4Nope));
   scales[kV4Tiles] = 0;
 }
@@ -101,9 +108,9 @@ void write_token(const V4WriteParams& p, int64_t t, int64_t slot, uint16_t* buf,
                               p.dtype, dim, buf);
   const SplitAddress a = v4_address(p.view, slot, p.format);
   if (p.format == V4Format::kMla)
-    mla_row(x, p.scale_floor, staged, p.view.base + a.last);
+    mla_row(x, p, buf, staged, p.view.base + a.last);
   else if (p.format == V4Format::kMxfp8)
-    pow2_tiles(x, kV41Tiles, kV41Tile, p.scale_floor, staged, p.view.base + a.last);  // V4.1: all 512 values
+    pow2_tiles(x, kV41Tiles, kV41Tile, p, buf, staged, p.view.base + a.last);  // V4.1: all 512 values
   else
     mxfp4_row(x, staged, p.view.base + a.last);
   stream_row(p.view.base + a.first, staged, v4_data_bytes(p.format));

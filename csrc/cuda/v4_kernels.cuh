@@ -39,16 +39,20 @@ __device__ __forceinline__ void load16_as_bf16(const void* x, int64_t first, flo
 }
 
 // 16 values x over 2^e, e from their tile's amax (v4_mla_exponent), as e4m3 codes stored at dst;
-// returns e.
-__device__ __forceinline__ int32_t pow2_codes16(const float* x, float amax, bool scale_floor, uint8_t* dst) {
-  const int32_t e = v4_mla_exponent(amax, scale_floor);
+// returns e. flush: quotients below 2^-6 (e4m3 subnormals) become +-0 (flush_below).
+__device__ __forceinline__ int32_t pow2_codes16(const float* x, float amax, const V4WriteParams& p,
+                                                uint8_t* dst) {
+  const int32_t e = v4_mla_exponent(amax, p.scale_floor);
   // x / 2^e: by the exact reciprocal, or by IEEE division when 2^e is inf (a tile with +-inf)
   const float scale = pow2f(e), recip = exact_recip(scale);
+  const float below = p.flush_subnormals ? pow2f(e - 6) : 0.0f;  // |x| < 0 never holds
   uint32_t codes[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    codes[i] = pack4_e4m3(div_by(x[4 * i], scale, recip), div_by(x[4 * i + 1], scale, recip),
-                          div_by(x[4 * i + 2], scale, recip), div_by(x[4 * i + 3], scale, recip));
+    codes[i] = pack4_e4m3(div_by(flush_below(x[4 * i], below), scale, recip),
+                          div_by(flush_below(x[4 * i + 1], below), scale, recip),
+                          div_by(flush_below(x[4 * i + 2], below), scale, recip),
+                          div_by(flush_below(x[4 * i + 3], below), scale, recip));
   store_words(dst, codes);
   return e;
 }
@@ -67,7 +71,7 @@ __device__ __forceinline__ void v4_mla_token(const V4WriteParams& p, int64_t t, 
   const SplitAddress a = split_address(p.view, slot, kV4DataBytes, kV4ScaleBytes);
   uint8_t* data = p.view.base + a.first;
   if (lane < kV4NopeLanes) {
-    const int32_t e = pow2_codes16(x, amax, p.scale_floor, data + 16 * lane);
+    const int32_t e = pow2_codes16(x, amax, p, data + 16 * lane);
     if (lane % 4 == 0) p.view.base[a.last + lane / 4] = v4_scale_byte(e);
   } else {
     uint32_t w[8];  // RoPE: the bf16 bits as they are
@@ -90,7 +94,7 @@ __device__ __forceinline__ void v41_token(const V4WriteParams& p, int64_t t, int
   amax = group_max<2>(amax);
   if (!p.view.valid_slot(slot)) return;
   const SplitAddress a = split_address(p.view, slot, kV41DataBytes, kV41ScaleBytes);
-  const int32_t e = pow2_codes16(x, amax, p.scale_floor, p.view.base + a.first + 16 * lane);
+  const int32_t e = pow2_codes16(x, amax, p, p.view.base + a.first + 16 * lane);
   if (lane % 2 == 0) p.view.base[a.last + lane / 2] = v4_scale_byte(e);
 }
 

@@ -37,13 +37,14 @@
   /* DeepSeek-V4 rows in split pages (core/v4_rows.h); compressor states are [kv | score] rows. */    \
   X(v4_mla_quant_and_cache,                                                                            \
     "Tensor kv, Tensor(a!) view, Tensor slot_mapping, str scale_floor=\"amax\", "                   \
-    "str format=\"fp8_ds_mla_v4\"",                                                                  \
+    "str format=\"fp8_ds_mla_v4\", str subnormals=\"keep\"",                                        \
     "view", "", "")                                                                                    \
   X(mxfp4_quant_and_cache, "Tensor k, Tensor(a!) view, Tensor slot_mapping", "view", "", "")          \
   X(v4_indexer_quant_and_cache, "Tensor k, Tensor(a!) view, Tensor slot_mapping", "view", "", "")     \
   X(v4_dsa_write,                                                                                      \
     "Tensor kv, Tensor(a!) mla_view, Tensor k_idx, Tensor(b!) indexer_view, Tensor slot_mapping, "    \
-    "str scale_floor=\"amax\", str indexer=\"mxfp4\", str format=\"fp8_ds_mla_v4\"",                \
+    "str scale_floor=\"amax\", str indexer=\"mxfp4\", str format=\"fp8_ds_mla_v4\", "              \
+    "str subnormals=\"keep\"",                                                                       \
     "mla_view", "", "")                                                                                \
   X(state_write, "Tensor kv, Tensor score, Tensor(a!) view, Tensor slot_mapping", "view", "", "")     \
   /* Reads into caller-provided outputs (fixed shapes, so they capture in CUDA graphs). */             \

@@ -36,12 +36,12 @@ void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, c
                const Tensor& indexer_view, const Tensor& slot_mapping, Str kv_cache_dtype,
                OptStr scale_fmt, Str placement, OptStr tile_scale);
 void v4_mla_quant_and_cache(const Tensor& kv, const Tensor& view, const Tensor& slot_mapping,
-                            Str scale_floor, Str format);
+                            Str scale_floor, Str format, Str subnormals);
 void mxfp4_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping);
 void v4_indexer_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping);
 void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
                   const Tensor& indexer_view, const Tensor& slot_mapping, Str scale_floor,
-                  Str indexer, Str format);
+                  Str indexer, Str format, Str subnormals);
 void state_write(const Tensor& kv, const Tensor& score, const Tensor& view,
                  const Tensor& slot_mapping);
 void gather_mla(const Tensor& view, const Tensor& block_table, const Tensor& cu_seq_lens,

@@ -63,14 +63,29 @@ bool parse_scale_floor(std::string_view scale_floor, V4Format format) {
   return scale_floor == "scale";
 }
 
+bool parse_subnormals(std::string_view subnormals) {
+  TORCH_CHECK_VALUE(subnormals == "keep" || subnormals == "flush",
+                    "subnormals must be \"keep\" or \"flush\", got \"", subnormals, "\"");
+  return subnormals == "flush";
+}
+
+struct Rounding {
+  bool scale_floor = false, flush_subnormals = false;
+};
+
+Rounding parse_rounding(std::string_view scale_floor, std::string_view subnormals, V4Format f) {
+  return {parse_scale_floor(scale_floor, f), parse_subnormals(subnormals)};
+}
+
 // x [T, v4_dim(format)] into view, without the slot_mapping checks (the caller's parse makes
 // them once).
 V4WriteParams v4_rows(const at::Tensor& x, const char* x_arg, const at::Tensor& view,
-                      const char* view_arg, int64_t num_tokens, V4Format format, bool scale_floor) {
+                      const char* view_arg, int64_t num_tokens, V4Format format, Rounding r) {
   V4WriteParams p{};
   p.format = format;
   p.view = v4_view(view, format, view_arg);
-  p.scale_floor = scale_floor;
+  p.scale_floor = r.scale_floor;
+  p.flush_subnormals = r.flush_subnormals;
   p.num_tokens = num_tokens;
   p.dtype = input_dtype(x, x_arg, true);
   check_rows(x, x_arg, num_tokens, {v4_dim(format)});
@@ -80,10 +95,10 @@ V4WriteParams v4_rows(const at::Tensor& x, const char* x_arg, const at::Tensor& 
 }
 
 V4WriteParams v4_write(const at::Tensor& x, const char* x_arg, const at::Tensor& view,
-                       const at::Tensor& slot_mapping, V4Format format, bool scale_floor,
+                       const at::Tensor& slot_mapping, V4Format format, Rounding r,
                        bool on_host) {
   const int64_t n = slot_mapping_arg(slot_mapping);
-  V4WriteParams p = v4_rows(x, x_arg, view, "view", n, format, scale_floor);
+  V4WriteParams p = v4_rows(x, x_arg, view, "view", n, format, r);
   p.slots = ptr<int64_t>(slot_mapping);
   check_apart({named(view, "view")}, {named(x, x_arg), named(slot_mapping, "slot_mapping")});
   if (on_host) check_slot_values(slot_mapping, n, p.view);
@@ -121,14 +136,15 @@ V4Format parse_v4_format(std::string_view format) {
 V4WriteParams parse_v4_mla_quant_and_cache(const at::Tensor& kv, const at::Tensor& view,
                                            const at::Tensor& slot_mapping,
                                            std::string_view scale_floor, std::string_view format,
-                                           bool on_host) {
+                                           std::string_view subnormals, bool on_host) {
   const V4Format f = parse_main_format(format);
-  return v4_write(kv, "kv", view, slot_mapping, f, parse_scale_floor(scale_floor, f), on_host);
+  return v4_write(kv, "kv", view, slot_mapping, f, parse_rounding(scale_floor, subnormals, f),
+                  on_host);
 }
 
 V4WriteParams parse_mxfp4_quant_and_cache(const at::Tensor& k, const at::Tensor& view,
                                           const at::Tensor& slot_mapping, bool on_host) {
-  return v4_write(k, "k", view, slot_mapping, V4Format::kMxfp4, false, on_host);
+  return v4_write(k, "k", view, slot_mapping, V4Format::kMxfp4, Rounding{}, on_host);
 }
 
 V4IndexerWrite parse_v4_indexer_quant_and_cache(const at::Tensor& k, const at::Tensor& view,
@@ -145,13 +161,14 @@ V4IndexerWrite parse_v4_indexer_quant_and_cache(const at::Tensor& k, const at::T
 V4PairWrite parse_v4_dsa_write(const at::Tensor& kv, const at::Tensor& mla_view,
                                const at::Tensor& k_idx, const at::Tensor& indexer_view,
                                const at::Tensor& slot_mapping, std::string_view scale_floor,
-                               std::string_view indexer, std::string_view format, bool on_host) {
+                               std::string_view indexer, std::string_view format,
+                               std::string_view subnormals, bool on_host) {
   TORCH_CHECK_VALUE(indexer == "mxfp4" || indexer == "fp8",
                     "indexer must be \"mxfp4\" or \"fp8\", got \"", indexer, "\"");
   const V4Format f = parse_main_format(format);
   const int64_t n = slot_mapping_arg(slot_mapping);
   V4PairWrite a{};
-  a.mla = v4_rows(kv, "kv", mla_view, "mla_view", n, f, parse_scale_floor(scale_floor, f));
+  a.mla = v4_rows(kv, "kv", mla_view, "mla_view", n, f, parse_rounding(scale_floor, subnormals, f));
   a.fp8_indexer = indexer == "fp8";
   const PagedView* idx_view;
   if (a.fp8_indexer) {
@@ -159,7 +176,7 @@ V4PairWrite parse_v4_dsa_write(const at::Tensor& kv, const at::Tensor& mla_view,
     a.fp8.p.slots = ptr<int64_t>(slot_mapping);
     idx_view = &a.fp8.p.view;
   } else {
-    a.mxfp4 = v4_rows(k_idx, "k_idx", indexer_view, "indexer_view", n, V4Format::kMxfp4, false);
+    a.mxfp4 = v4_rows(k_idx, "k_idx", indexer_view, "indexer_view", n, V4Format::kMxfp4, Rounding{});
     TORCH_CHECK_TYPE(k_idx.scalar_type() == kv.scalar_type(), "k_idx must have the dtype of kv (",
                      kv.scalar_type(), "), got ", k_idx.scalar_type());
     a.mxfp4.slots = ptr<int64_t>(slot_mapping);

@@ -14,11 +14,13 @@ namespace kvc {
 // <-> 512 values) or "mxfp4" (68-B rows <-> 128 values).
 V4Format parse_v4_format(std::string_view format);
 
-// Main-KV rows, format "fp8_ds_mla_v4" or "v41_mxfp8".
+// Main-KV rows, format "fp8_ds_mla_v4" or "v41_mxfp8". The rounding choices where engines'
+// writers differ (kvcache_ext/ops/profiles.py names each engine's): scale_floor "amax" / "scale"
+// (the floor 1e-4 of the tile amax, or of the scale), subnormals "keep" / "flush".
 V4WriteParams parse_v4_mla_quant_and_cache(const at::Tensor& kv, const at::Tensor& view,
                                            const at::Tensor& slot_mapping,
                                            std::string_view scale_floor, std::string_view format,
-                                           bool on_host);
+                                           std::string_view subnormals, bool on_host);
 V4WriteParams parse_mxfp4_quant_and_cache(const at::Tensor& k, const at::Tensor& view,
                                           const at::Tensor& slot_mapping, bool on_host);
 
@@ -45,7 +47,8 @@ struct V4PairWrite {
 V4PairWrite parse_v4_dsa_write(const at::Tensor& kv, const at::Tensor& mla_view,
                                const at::Tensor& k_idx, const at::Tensor& indexer_view,
                                const at::Tensor& slot_mapping, std::string_view scale_floor,
-                               std::string_view indexer, std::string_view format, bool on_host);
+                               std::string_view indexer, std::string_view format,
+                               std::string_view subnormals, bool on_host);
 
 V4GatherParams parse_gather_v4(const at::Tensor& view, const GatherSource& src,
                                std::string_view format, const at::Tensor& out, bool validate);

@@ -7,10 +7,10 @@
 namespace kvc::ops {
 
 void v4_mla_quant_and_cache(const Tensor& kv, const Tensor& view, const Tensor& slot_mapping,
-                            Str scale_floor, Str format) {
+                            Str scale_floor, Str format, Str subnormals) {
   NvtxRange range("kvc::v4_mla_quant_and_cache");
   const V4WriteParams p = parse_v4_mla_quant_and_cache(kv, view, slot_mapping, sv(scale_floor),
-                                                       sv(format), view.is_cpu());
+                                                       sv(format), sv(subnormals), view.is_cpu());
   run_kernel(view, p.num_tokens, [&] { cpu::v4_write(p); },
              [&](void* s) { KVC_CUDA(cuda::v4_write(p, s)); });
 }
@@ -34,11 +34,11 @@ void v4_indexer_quant_and_cache(const Tensor& k, const Tensor& view, const Tenso
 // rows in one launch, or V4's fp8 indexer rows after them (two kernels, one parse).
 void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
                   const Tensor& indexer_view, const Tensor& slot_mapping, Str scale_floor,
-                  Str indexer, Str format) {
+                  Str indexer, Str format, Str subnormals) {
   NvtxRange range("kvc::v4_dsa_write");
   const V4PairWrite a = parse_v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping,
                                            sv(scale_floor), sv(indexer), sv(format),
-                                           mla_view.is_cpu());
+                                           sv(subnormals), mla_view.is_cpu());
   if (a.fp8_indexer) {
     run_kernel(mla_view, a.mla.num_tokens,
                [&] { cpu::v4_write(a.mla); cpu::indexer_write(a.fp8.p); },

@@ -19,6 +19,7 @@ import torch
 from .args import check_out_kind, flat_rows, gather_rows, validate_default
 from .gathers import gather_kv
 from .library import ops as _ops
+from .profiles import resolve
 
 V4_DIM = {"fp8_ds_mla_v4": 512, "v41_mxfp8": 512, "mxfp4": 128}
 V4_ROW_BYTES = {"fp8_ds_mla_v4": 584, "v41_mxfp8": 528, "mxfp4": 68}
@@ -26,12 +27,15 @@ SWA_WINDOW = 128  # SPEC 10: the SWA cache keeps a request's last 128 tokens
 
 
 def v4_mla_quant_and_cache(kv: torch.Tensor, view: torch.Tensor, slot_mapping: torch.Tensor,
-                           scale_floor: str = "amax", *, fmt: str = "fp8_ds_mla_v4") -> None:
+                           scale_floor: str | None = None, *, fmt: str = "fp8_ds_mla_v4",
+                           subnormals: str | None = None, profile: str | None = None) -> None:
     """kv [T, 512] (448 NoPE + 64 RoPE; bf16, fp16 or fp32) -> 584-B rows at slot_mapping, or
-    DeepSeek-V4.1's 528-B MXFP8 rows with fmt="v41_mxfp8". scale_floor="scale" floors the tile
-    scale at 1e-4 (vLLM's CuTe DSL compressor; FlashMLA's V4.1 reference) instead of the amax
-    (canonical, vLLM's writers)."""
-    _ops.v4_mla_quant_and_cache(kv, view, slot_mapping, scale_floor, fmt)
+    DeepSeek-V4.1's 528-B MXFP8 rows with fmt="v41_mxfp8". Rounding choices (ops/profiles.py):
+    scale_floor "amax" (default) or "scale" (floor the tile scale at 1e-4: vLLM's CuTe DSL
+    compressor, vLLM-CPU, FlashMLA's V4.1 reference); subnormals "keep" (default) or "flush"
+    (vLLM-CPU's window writer); or profile="vllm-cpu-window" etc. for an engine's set."""
+    r = resolve(profile, scale_floor, subnormals)
+    _ops.v4_mla_quant_and_cache(kv, view, slot_mapping, r["scale_floor"], fmt, r["subnormals"])
 
 
 def mxfp4_quant_and_cache(k: torch.Tensor, view: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -49,14 +53,18 @@ def v4_indexer_quant_and_cache(k: torch.Tensor, view: torch.Tensor,
 
 def v4_dsa_write(kv: torch.Tensor, mla_view: torch.Tensor, k_idx: torch.Tensor,
                  indexer_view: torch.Tensor, slot_mapping: torch.Tensor, *, indexer: str = "mxfp4",
-                 scale_floor: str = "amax", fmt: str = "fp8_ds_mla_v4") -> None:
+                 scale_floor: str | None = None, fmt: str = "fp8_ds_mla_v4",
+                 subnormals: str | None = None, profile: str | None = None) -> None:
     """A compressed group's pair at one slot_mapping (for a C4 layer, kvc.slot_mapping(...,
     compress_ratio=4): only tokens closing a window write): kv [T, 512] -> 584-B main-KV rows,
     k_idx [T, 128] -> indexer rows, "mxfp4" (68 B, both rows in one launch) or "fp8" (V3.2's
     132-B row with scale_fmt="ue8m0", placement="split", of k_idx rounded to bf16: two
-    launches). fmt="v41_mxfp8": the main-KV rows are DeepSeek-V4.1's 528-B ones. Every argument
-    of both rows is checked before either is written."""
-    _ops.v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping, scale_floor, indexer, fmt)
+    launches). fmt="v41_mxfp8": the main-KV rows are DeepSeek-V4.1's 528-B ones. scale_floor,
+    subnormals, profile: the main-KV rows' rounding choices (v4_mla_quant_and_cache). Every
+    argument of both rows is checked before either is written."""
+    r = resolve(profile, scale_floor, subnormals)
+    _ops.v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping, r["scale_floor"], indexer,
+                      fmt, r["subnormals"])
 
 
 def _v4_out(view: torch.Tensor, rows: tuple[int, ...], fmt: str, raw: bool,

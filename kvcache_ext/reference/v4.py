@@ -12,7 +12,9 @@ Rules (SPEC 10 unless said otherwise; vLLM file names as SPEC gives them):
   gives code x inf (NaN for 0 codes, as IEEE says). Data = 448 codes + 64 bf16 RoPE values bit
   for bit; footer = 7 scale bytes + one 0 byte. The format overflows at the top of bf16:
   |x| >= 248 x 2^120 has e = 120 and rounds to code 256, which decodes to 2^128 = inf.
-  scale_floor="scale" (CuTe DSL compressor, byte 114 for a zero tile) is offered for
+  scale_floor="scale" (CuTe DSL compressor and vLLM-CPU's writers, byte 114 for a zero tile) is
+  offered for bit-compatibility, and subnormals="flush" (vLLM-CPU's window writer: a quotient
+  |x / 2^e| < 2^-6, before rounding, is written as +-0, its sign kept); see ops/profiles.py.
   bit-compatibility; "amax" (byte 105) is canonical.
 - V4.1 MXFP8 record, 528 B (FlashMLA's V4.1 record; vLLM PR #56893's writer
   _quantize_and_insert_k_mxfp8_kernel): all 512 post-RoPE values (RoPE quantized too) in 16
@@ -74,6 +76,17 @@ def _tile_exponents(a: torch.Tensor, scale_floor: str) -> torch.Tensor:
     return ceil_log2(s)
 
 
+def _quotients(x: torch.Tensor, e: torch.Tensor, subnormals: str) -> torch.Tensor:
+    """x [..., tiles, tile] (fp32 of bf16 values) / 2^e per tile; subnormals="flush" (vLLM-CPU's
+    window writer) makes every quotient below 2^-6 in magnitude +-0 before it is rounded."""
+    if subnormals not in ("keep", "flush"):
+        raise ValueError(f'subnormals must be "keep" or "flush", got {subnormals!r}')
+    q = x / pow2(e).unsqueeze(-1)
+    if subnormals == "flush":
+        q = torch.where(q.abs() < 2.0 ** -6, torch.where(torch.signbit(q), -0.0, 0.0), q)
+    return q
+
+
 # ---- V4 fp8_ds_mla, 584 B ---------------------------------------------------------------------
 def v4_mla_exponents(kv: torch.Tensor, scale_floor: str = "amax") -> torch.Tensor:
     """[T, 512] -> int64 [T, 7] tile exponents e (byte = clamp(e + 127, 0, 255))."""
@@ -81,13 +94,14 @@ def v4_mla_exponents(kv: torch.Tensor, scale_floor: str = "amax") -> torch.Tenso
     return _tile_exponents(amax(_bf16(kv)[:, :V4_NOPE].float().reshape(t, 7, V4_TILE)), scale_floor)
 
 
-def v4_mla_rows(kv: torch.Tensor, scale_floor: str = "amax") -> tuple[torch.Tensor, torch.Tensor]:
+def v4_mla_rows(kv: torch.Tensor, scale_floor: str = "amax",
+                subnormals: str = "keep") -> tuple[torch.Tensor, torch.Tensor]:
     """kv [T, 512] (448 NoPE + 64 RoPE) -> (data uint8 [T, 576], scales uint8 [T, 8])."""
     _check_shape("kv", kv, V4_NOPE + V4_ROPE)
     kv = _bf16(kv)
     t = kv.shape[0]
     e = v4_mla_exponents(kv, scale_floor)
-    x = kv[:, :V4_NOPE].float().reshape(t, 7, V4_TILE) / pow2(e).unsqueeze(-1)
+    x = _quotients(kv[:, :V4_NOPE].float().reshape(t, 7, V4_TILE), e, subnormals)
     data = torch.cat([e4m3_encode(x).reshape(t, V4_NOPE),
                       kv[:, V4_NOPE:].contiguous().view(torch.uint8).reshape(t, 2 * V4_ROPE)], 1)
     scales = torch.zeros(t, V4_MLA_SCALES, dtype=torch.uint8, device=kv.device)
@@ -108,13 +122,14 @@ def v4_mla_dequant(data: torch.Tensor, scales: torch.Tensor,
 
 
 # ---- V4.1 MXFP8 record, 528 B -----------------------------------------------------------------
-def v41_rows(kv: torch.Tensor, scale_floor: str = "amax") -> tuple[torch.Tensor, torch.Tensor]:
+def v41_rows(kv: torch.Tensor, scale_floor: str = "amax",
+             subnormals: str = "keep") -> tuple[torch.Tensor, torch.Tensor]:
     """kv [T, 512] (448 NoPE + 64 RoPE, all quantized) -> (data uint8 [T, 512], scales uint8
     [T, 16]): tile k = values 32k .. 32k + 31."""
     _check_shape("kv", kv, V4_NOPE + V4_ROPE)
     x = _bf16(kv).float().reshape(kv.shape[0], V41_SCALES, V41_TILE)
     e = _tile_exponents(amax(x), scale_floor)
-    data = e4m3_encode(x / pow2(e).unsqueeze(-1)).reshape(kv.shape[0], 512)
+    data = e4m3_encode(_quotients(x, e, subnormals)).reshape(kv.shape[0], 512)
     return data, (e + 127).clamp(0, 255).to(torch.uint8)
 
 
@@ -128,9 +143,9 @@ def v41_dequant(data: torch.Tensor, scales: torch.Tensor,
 
 
 def v41_write(view: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor,
-              scale_floor: str = "amax") -> None:
+              scale_floor: str = "amax", subnormals: str = "keep") -> None:
     """Quantize kv[:T] (T = slots.numel()) into a 528-B split view."""
-    data, scales = v41_rows(kv[: slots.numel()], scale_floor)
+    data, scales = v41_rows(kv[: slots.numel()], scale_floor, subnormals)
     write_split(view, slots, data, scales)
 
 
@@ -192,9 +207,9 @@ def mxfp4_dequant(packed: torch.Tensor, scales: torch.Tensor,
 
 # ---- writes and reads of each format ---------------------------------------------------------
 def v4_mla_write(view: torch.Tensor, slots: torch.Tensor, kv: torch.Tensor,
-                 scale_floor: str = "amax") -> None:
+                 scale_floor: str = "amax", subnormals: str = "keep") -> None:
     """Quantize kv[:T] (T = slots.numel()) and write it into a 584-B split view."""
-    data, scales = v4_mla_rows(kv[: slots.numel()], scale_floor)
+    data, scales = v4_mla_rows(kv[: slots.numel()], scale_floor, subnormals)
     write_split(view, slots, data, scales)
 
 

@@ -105,8 +105,10 @@ void gather_indexer(const Tensor& view, const OptT& block_table, const OptT& cu_
 }
 
 void v4_mla_quant_and_cache(const Tensor& kv, const Tensor& view, const Tensor& slot_mapping,
-                            const std::string& scale_floor, const std::string& format) {
-  const auto p = kvc::parse_v4_mla_quant_and_cache(kv, view, slot_mapping, scale_floor, format, kCuda);
+                            const std::string& scale_floor, const std::string& format,
+                            const std::string& subnormals) {
+  const auto p = kvc::parse_v4_mla_quant_and_cache(kv, view, slot_mapping, scale_floor, format,
+                                                   subnormals, kCuda);
   if (p.num_tokens) kvc::cuda::dispatch_v4_write(p, Launch{});
 }
 
@@ -123,9 +125,9 @@ void v4_indexer_quant_and_cache(const Tensor& k, const Tensor& view, const Tenso
 void v4_dsa_write(const Tensor& kv, const Tensor& mla_view, const Tensor& k_idx,
                   const Tensor& indexer_view, const Tensor& slot_mapping,
                   const std::string& scale_floor, const std::string& indexer,
-                  const std::string& format) {
+                  const std::string& format, const std::string& subnormals) {
   const auto a = kvc::parse_v4_dsa_write(kv, mla_view, k_idx, indexer_view, slot_mapping,
-                                         scale_floor, indexer, format, kCuda);
+                                         scale_floor, indexer, format, subnormals, kCuda);
   if (!a.mla.num_tokens) return;
   if (a.fp8_indexer) {  // the op's CUDA branch: one parse, then both kernels
     kvc::cuda::dispatch_v4_write(a.mla, Launch{});
@@ -201,14 +203,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("copy_spans", &copy_spans);
   m.def("v4_mla_quant_and_cache", &v4_mla_quant_and_cache, pybind11::arg("kv"), pybind11::arg("view"),
         pybind11::arg("slot_mapping"), pybind11::arg("scale_floor") = "amax",
-        pybind11::arg("format") = "fp8_ds_mla_v4");
+        pybind11::arg("format") = "fp8_ds_mla_v4", pybind11::arg("subnormals") = "keep");
   m.def("mxfp4_quant_and_cache", &mxfp4_quant_and_cache);
   m.def("v4_indexer_quant_and_cache", &v4_indexer_quant_and_cache);
   m.def("state_write", &state_write);
   m.def("v4_dsa_write", &v4_dsa_write, pybind11::arg("kv"), pybind11::arg("mla_view"),
         pybind11::arg("k_idx"), pybind11::arg("indexer_view"), pybind11::arg("slot_mapping"),
         pybind11::arg("scale_floor"), pybind11::arg("indexer") = "mxfp4",
-        pybind11::arg("format") = "fp8_ds_mla_v4");
+        pybind11::arg("format") = "fp8_ds_mla_v4", pybind11::arg("subnormals") = "keep");
   m.def("gather_v4", &gather_v4);
   m.def("gather_v4_window", &gather_v4_window, pybind11::arg("c_view"), pybind11::arg("c_block_table"),
         pybind11::arg("swa_view"), pybind11::arg("swa_block_table"), pybind11::arg("seq_lens"),
