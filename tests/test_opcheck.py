@@ -75,6 +75,10 @@ def cases(device: str):
         "reshape_and_cache_kv_fp8": (OPS.reshape_and_cache_kv, (
             key, key, kv8.view("k", 0), kv8.view("v", 0), kv_slots, "fp8",
             torch.tensor([0.5, 2.0], device=device), torch.ones(1, device=device))),
+        "reshape_and_cache_kv_split": (OPS.reshape_and_cache_kv_split, (
+            key, key[:, :, :16], kvc.allocate(kvc.plan_cache(
+                [kvc.CacheSpec("kv", 96, 1, 2, split=(64, 32), channel_major=2)], 4, 16, "LBHNC"),
+                device=device, fill=0).view("kv", 0), kv_slots, True)),
         "gather_kv": (OPS.gather_kv, (kv_cache.view("k", 0), table[:, :1], cu_kv, None,
                                       torch.empty(20, 2, 32, dtype=torch.float16, device=device),
                                       True, None)),

@@ -44,6 +44,10 @@ struct PlainWriteParams {
   PagedView view;
   const int64_t* slots;
   int64_t num_tokens;
+  // Bytes between a row's elements in the cache; 0: they are contiguous. A channel-major page
+  // (vLLM-CPU's K: element c of token n at (c x block_size + n) x es) has block_size x es, its
+  // view's token_stride es. Unquantized rows only.
+  int64_t elem_stride;
 };
 
 // concat_and_cache_mla: kv_c [T, 512] + k_pe [T, 64] -> a row of `format`.

@@ -44,6 +44,20 @@ void copy_rows(int64_t num_tokens, const int64_t* slots, const PagedView& v, int
 
 void plain_write(const PlainWriteParams& p) {
   const int64_t es = dtype_size(p.dtype);
+  if (p.elem_stride != 0) {  // a channel-major page: one element at a time
+    parallel_rows(0, p.num_tokens, kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        if (!p.view.valid_slot(p.slots[t])) continue;
+        for (int64_t h = 0; h < p.num_heads; ++h) {
+          const uint8_t* src = static_cast<const uint8_t*>(
+              elem(p.key, t * p.key_token_stride + h * p.key_head_stride, p.dtype));
+          uint8_t* dst = p.view.row(p.slots[t], h);
+          for (int64_t c = 0; c < p.head_dim; ++c) std::memcpy(dst + c * p.elem_stride, src + c * es, es);
+        }
+      }
+    });
+    return;
+  }
   if (!p.fp8) {
     copy_rows(p.num_tokens, p.slots, p.view, p.num_heads, static_cast<const uint8_t*>(p.key),
               p.key_token_stride * es, p.key_head_stride * es, p.head_dim * es);

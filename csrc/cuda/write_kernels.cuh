@@ -258,6 +258,11 @@ __device__ __forceinline__ void plain_row(const PlainWriteParams& p, int64_t t, 
   const int64_t es = dtype_size(p.dtype);
   const uint8_t* src = elem(p.key, t * p.key_token_stride + h * p.key_head_stride, es);
   uint8_t* dst = p.view.row(slot, h);
+  if (p.elem_stride != 0) {  // a channel-major page: element i at i x elem_stride
+    for (int64_t i = lane; i < p.head_dim; i += kWarp)
+      for (int64_t b = 0; b < es; ++b) dst[i * p.elem_stride + b] = src[i * es + b];
+    return;
+  }
   if (!p.fp8) {
     warp_copy(dst, src, p.head_dim * es, lane);
     return;

@@ -22,6 +22,9 @@
     "Tensor key, Tensor value, Tensor(a!) k_view, Tensor(b!) v_view, Tensor slot_mapping, "           \
     "str kv_cache_dtype=\"auto\", Tensor? k_scale=None, Tensor? v_scale=None",                        \
     "k_view", "k_scale v_scale", "")                                                                   \
+  X(reshape_and_cache_kv_split,                                                                        \
+    "Tensor key, Tensor value, Tensor(a!) view, Tensor slot_mapping, bool k_channel_major=True",     \
+    "view", "", "")                                                                                    \
   X(concat_and_cache_mla,                                                                              \
     "Tensor kv_c, Tensor k_pe, Tensor(a!) view, Tensor slot_mapping, "                                \
     "str kv_cache_dtype=\"fp8_ds_mla\", Tensor? scale=None, str? tile_scale=None",                    \

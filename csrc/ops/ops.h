@@ -35,6 +35,8 @@ void indexer_k_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor
 void dsa_write(const Tensor& kv_c, const Tensor& k_pe, const Tensor& mla_view, const Tensor& k_idx,
                const Tensor& indexer_view, const Tensor& slot_mapping, Str kv_cache_dtype,
                OptStr scale_fmt, Str placement, OptStr tile_scale);
+void reshape_and_cache_kv_split(const Tensor& key, const Tensor& value, const Tensor& view,
+                                const Tensor& slot_mapping, bool k_channel_major);
 void v4_mla_quant_and_cache(const Tensor& kv, const Tensor& view, const Tensor& slot_mapping,
                             Str scale_floor, Str format, Str subnormals);
 void mxfp4_quant_and_cache(const Tensor& k, const Tensor& view, const Tensor& slot_mapping);

@@ -156,6 +156,46 @@ KvWriteParams parse_reshape_and_cache_kv(const at::Tensor& key, const at::Tensor
   return a;
 }
 
+KvWriteParams parse_reshape_and_cache_kv_split(const at::Tensor& key, const at::Tensor& value,
+                                               const at::Tensor& view,
+                                               const at::Tensor& slot_mapping,
+                                               bool k_channel_major, bool on_host) {
+  const int64_t n = slot_mapping_arg(slot_mapping);
+  const PagedView page = paged_view(view, "view");
+  check_split_page(page, page.row_bytes, "view", "(K, then V, per block and head)");
+  TORCH_CHECK_TYPE(key.scalar_type() == value.scalar_type(), "key and value must have one dtype, "
+                   "got ", dtype_str(key.scalar_type()), " and ", dtype_str(value.scalar_type()));
+  KvWriteParams a{};
+  for (PlainWriteParams* p : {&a.k, &a.v}) {
+    const bool first = p == &a.k;
+    const at::Tensor& x = first ? key : value;
+    const char* arg = first ? "key" : "value";
+    p->dtype = input_dtype(x, arg, true);
+    check_rows(x, arg, n, {page.num_heads, -1});
+    p->num_heads = x.size(1);
+    p->head_dim = x.size(2);
+    p->key = x.data_ptr();
+    p->key_token_stride = x.stride(0);
+    p->key_head_stride = x.stride(1);
+    p->num_tokens = n;
+    p->slots = ptr<int64_t>(slot_mapping);
+    p->view = page;
+  }
+  const int64_t es = dtype_size(a.k.dtype), k_bytes = a.k.head_dim * es;
+  TORCH_CHECK_VALUE(page.row_bytes == k_bytes + a.v.head_dim * es, "view rows must be (D_k + D_v) x ",
+                    es, " = ", k_bytes + a.v.head_dim * es, " bytes for key ", shape_str(key),
+                    " and value ", shape_str(value), ", got C = ", page.row_bytes);
+  a.k.view.row_bytes = k_bytes;
+  a.k.view.token_stride = k_channel_major ? es : k_bytes;
+  a.k.elem_stride = k_channel_major ? page.block_size * es : 0;
+  a.v.view.base += page.block_size * k_bytes;
+  a.v.view.row_bytes = a.v.view.token_stride = a.v.head_dim * es;
+  check_apart({named(view, "view")}, {named(key, "key"), named(value, "value"),
+                                      named(slot_mapping, "slot_mapping")});
+  if (on_host) check_slot_values(slot_mapping, n, page);
+  return a;
+}
+
 KvWriteParams parse_state_write(const at::Tensor& kv, const at::Tensor& score,
                                 const at::Tensor& view, const at::Tensor& slot_mapping,
                                 bool on_host) {

@@ -23,6 +23,13 @@ PlainWriteParams parse_reshape_and_cache(const at::Tensor& key, const at::Tensor
 struct KvWriteParams {
   PlainWriteParams k, v;
 };
+// K and V of each token into one split page per (block, head): K's D_k elements, channel-major
+// when k_channel_major (vLLM-CPU's attention page) or as rows, then V's rows; view rows are
+// (D_k + D_v) x es bytes, its pages contiguous (token stride = row bytes).
+KvWriteParams parse_reshape_and_cache_kv_split(const at::Tensor& key, const at::Tensor& value,
+                                               const at::Tensor& view,
+                                               const at::Tensor& slot_mapping,
+                                               bool k_channel_major, bool on_host);
 KvWriteParams parse_reshape_and_cache_kv(const at::Tensor& key, const at::Tensor& value,
                                          const at::Tensor& k_view, const at::Tensor& v_view,
                                          const at::Tensor& slot_mapping,

@@ -27,6 +27,16 @@ void reshape_and_cache_kv(const Tensor& key, const Tensor& value, const Tensor& 
              [&](void* s) { KVC_CUDA(cuda::kv_write(a.k, a.v, s)); });
 }
 
+// K and V into one split page per (block, head) (vLLM-CPU's attention page: K channel-major).
+void reshape_and_cache_kv_split(const Tensor& key, const Tensor& value, const Tensor& view,
+                                const Tensor& slot_mapping, bool k_channel_major) {
+  NvtxRange range("kvc::reshape_and_cache_kv_split");
+  const KvWriteParams a = parse_reshape_and_cache_kv_split(key, value, view, slot_mapping,
+                                                           k_channel_major, view.is_cpu());
+  run_kernel(view, a.k.num_tokens, [&] { cpu::plain_write(a.k); cpu::plain_write(a.v); },
+             [&](void* s) { KVC_CUDA(cuda::kv_write(a.k, a.v, s)); });
+}
+
 // Compressor-state rows [kv | score]: the two parts of each row by one launch.
 void state_write(const Tensor& kv, const Tensor& score, const Tensor& view,
                  const Tensor& slot_mapping) {

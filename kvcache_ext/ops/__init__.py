@@ -6,9 +6,9 @@ from .gathers import (INDEXER_DIM, MLA_DIM, MLA_ROW_BYTES, gather_indexer, gathe
                       gather_kv, gather_kv_slots, gather_mla, gather_mla_slots)
 from .library import ops as _ops  # noqa: F401  (torch.ops.kvcache_ext)
 from .writes import (concat_and_cache_mla, dsa_write, indexer_k_quant_and_cache,
-                     reshape_and_cache, reshape_and_cache_kv)
+                     reshape_and_cache, reshape_and_cache_kv, reshape_and_cache_kv_split)
 
 __all__ = ["INDEXER_DIM", "MLA_DIM", "MLA_ROW_BYTES", "check_slot_mapping", "concat_and_cache_mla",
            "dsa_write", "gather_indexer", "gather_indexer_slots", "gather_kv", "gather_kv_slots",
            "gather_mla", "gather_mla_slots", "indexer_k_quant_and_cache", "reshape_and_cache",
-           "reshape_and_cache_kv"]
+           "reshape_and_cache_kv", "reshape_and_cache_kv_split"]

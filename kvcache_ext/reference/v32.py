@@ -15,7 +15,7 @@ __all__ = ["CANONICAL_NAN_BITS", "FLT_MIN", "FP8_MAX", "INDEXER_AMAX_FLOOR",
            "gather_slots", "indexer_dequant", "indexer_k_quant_and_cache", "indexer_rows",
            "indexer_scales", "mla_auto_rows", "mla_dequant", "mla_fp8_rows",
            "mla_fp8_tensor_dequant", "mla_fp8_tensor_rows", "mla_tile_scales", "read_indexer",
-           "read_rows", "reshape_and_cache", "reshape_and_cache_kv", "to_bf16", "to_fp16",
+           "read_rows", "reshape_and_cache", "reshape_and_cache_kv", "reshape_and_cache_kv_split", "to_bf16", "to_fp16",
            "ue8m0_round_up", "write_indexer", "write_rows"]
 
 FP8_MAX = 448.0
@@ -262,6 +262,30 @@ def reshape_and_cache_kv(key: torch.Tensor, value: torch.Tensor, k_view: torch.T
         else:
             rows = x.contiguous().view(torch.uint8)
         write_rows(view, slot_mapping, rows)
+
+
+def reshape_and_cache_kv_split(key: torch.Tensor, value: torch.Tensor, view: torch.Tensor,
+                               slot_mapping: torch.Tensor, k_channel_major: bool = True) -> None:
+    """K then V in one split page per (block, head): K element c of token n at (c x N + n) x es
+    (channel-major) or at n x D_k x es, V's row at N x D_k x es + n x D_v x es."""
+    t = slot_mapping.numel()
+    nb, heads, n, _ = view.shape
+    k = key[:t].contiguous().view(torch.uint8).reshape(t, heads, key.shape[2], -1)
+    v = value[:t].contiguous().view(torch.uint8).reshape(t, heads, -1)
+    dk, es = k.shape[2], k.shape[3]
+    slots = slot_mapping.to(torch.int64).cpu()
+    for i in range(t):
+        s = int(slots[i])
+        if s < 0:
+            continue
+        b, pos = divmod(s, n)
+        for h in range(heads):
+            page = view[b, h].reshape(-1)  # contiguous pages (the op checks it)
+            for c in range(dk):
+                at = (c * n + pos) * es if k_channel_major else (pos * dk + c) * es
+                page[at:at + es] = k[i, h, c]
+            at = n * dk * es + pos * v.shape[2]
+            page[at:at + v.shape[2]] = v[i, h]
 
 
 def gather_kv(view: torch.Tensor, block_table: torch.Tensor, cu_seq_lens: torch.Tensor,

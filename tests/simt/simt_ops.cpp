@@ -45,6 +45,13 @@ void reshape_and_cache_kv(const Tensor& key, const Tensor& value, const Tensor& 
   if (a.k.num_tokens) kvc::cuda::dispatch_kv_write(a.k, a.v, Launch{});
 }
 
+void reshape_and_cache_kv_split(const Tensor& key, const Tensor& value, const Tensor& view,
+                                const Tensor& slot_mapping, bool k_channel_major) {
+  const auto a = kvc::parse_reshape_and_cache_kv_split(key, value, view, slot_mapping,
+                                                       k_channel_major, kCuda);
+  if (a.k.num_tokens) kvc::cuda::dispatch_kv_write(a.k, a.v, Launch{});
+}
+
 void state_write(const Tensor& kv, const Tensor& score, const Tensor& view,
                  const Tensor& slot_mapping) {
   const auto a = kvc::parse_state_write(kv, score, view, slot_mapping, kCuda);
@@ -197,6 +204,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gather_mla", &gather_mla);
   m.def("gather_indexer", &gather_indexer);
   m.def("reshape_and_cache_kv", &reshape_and_cache_kv);
+  m.def("reshape_and_cache_kv_split", &reshape_and_cache_kv_split, pybind11::arg("key"),
+        pybind11::arg("value"), pybind11::arg("view"), pybind11::arg("slot_mapping"),
+        pybind11::arg("k_channel_major") = true);
   m.def("gather_kv", &gather_kv, pybind11::arg("view"), pybind11::arg("block_table"),
         pybind11::arg("cu_seq_lens"), pybind11::arg("seq_starts"), pybind11::arg("out"),
         pybind11::arg("scale"), pybind11::arg("slots") = std::nullopt);
