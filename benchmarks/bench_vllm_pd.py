@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvcache_ext.vllm.engines import Engines, Prompt, make_model
+from engines import Engines, Prompt, make_model  # benchmarks/engines.py, beside this file
 
 CLASS = {"kvcache_ext": "KvcacheExtConnector", "nixl": "NixlConnector"}
 

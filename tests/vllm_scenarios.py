@@ -22,9 +22,11 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from dataclasses import asdict
 
-from kvcache_ext.vllm.engines import Engines, Prompt, make_model
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from engines import Engines, Prompt, make_model  # noqa: E402  (the harness, outside the package)
 
 LENGTHS = (1, 31, 33, 230)
 A_BLOCKS = 64  # the producer a's whole cache: the delayed-read case cycles every free block

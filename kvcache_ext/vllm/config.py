@@ -73,6 +73,10 @@ def check_supported(vllm_config, kv_cache_config) -> None:
     if len(groups) > 1:
         raise ValueError(f"KvcacheExtConnector: kv_cache_config.kv_cache_groups has {len(groups)} "
                          f"groups; one KV-cache group is supported")
+    from .cache_plan import check_mla_spec, is_mla
+    spec = getattr(groups[0], "kv_cache_spec", None) if groups else None
+    if is_mla(spec):
+        check_mla_spec(spec)
     par = vllm_config.parallel_config
     for field in ("tensor_parallel_size", "pipeline_parallel_size"):
         if getattr(par, field, 1) != 1:

@@ -46,6 +46,7 @@ class WorkerSide:
         self.cfg = cfg
         self.engine_id = str(vllm_config.kv_transfer_config.engine_id)
         self.layer_names = list(kv_cache_config.kv_cache_groups[0].layer_names)
+        self.kv_cache_spec = getattr(kv_cache_config.kv_cache_groups[0], "kv_cache_spec", None)
         self.dp_index = int(getattr(vllm_config.parallel_config, "data_parallel_index", 0) or 0)
         self.instance = uuid.uuid4().hex[:12]
         self._cond = threading.Condition()
@@ -62,7 +63,7 @@ class WorkerSide:
 
     # ---- start-up ------------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        cache = cache_of(kv_caches, self.layer_names)
+        cache = cache_of(kv_caches, self.layer_names, self.kv_cache_spec)
         self.elem_bytes = next(iter(kv_caches.values())).element_size()
         self.ep = kvc_nixl.Endpoint(f"kvc-{self.engine_id[:12]}-{self.instance}", cache)
         self.server = Server(self.cfg.host(), self.cfg.port(self.dp_index), self._serve)

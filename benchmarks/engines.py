@@ -1,7 +1,8 @@
 """vLLM engines on a random Llama, each in a process of its own (and its own process group), driven
 by commands over a pipe, every command bounded in time: the harness of the connector's tests
-(tests/vllm_scenarios.py) and of benchmarks/bench_vllm_pd.py. Needs vllm (in the engine
-processes) and transformers (make_model).
+(tests/vllm_scenarios.py) and of benchmarks/bench_vllm_pd.py -- a test harness, outside the
+package (nothing a user imports starts engines). Needs vllm (in the engine processes) and
+transformers (make_model).
 
     with Engines(model_dir) as e:
         a = e.start("a", block_size=32, core=0)
