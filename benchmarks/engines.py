@@ -36,6 +36,26 @@ def make_model(folder: str, layers: int = 2, kv_heads: int = 2, head_dim: int = 
     return folder
 
 
+def make_mla_model(folder: str, layers: int = 2, vocab: int = 128, seed: int = 0) -> str:
+    """A random bf16 DeepSeek-V3-architecture model (MLA: kv_lora_rank 512 + rope 64 = the
+    576-value latent row vLLM caches) saved to `folder`. DeepSeek-V3's own yarn rope_scaling:
+    with the default RoPE vLLM-CPU's rope op rotates the 3-D tensors the MLA code hands it
+    wrongly (tokens differ between runs whose cache bytes are equal). Dense layers only."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    torch.manual_seed(seed)
+    cfg = DeepseekV3Config(
+        vocab_size=vocab, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None,
+        kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32,
+        n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+        first_k_dense_replace=layers, max_position_embeddings=4096, torch_dtype="bfloat16",
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0})
+    DeepseekV3ForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
 @dataclass
 class Prompt:
     ids: list[int]
@@ -51,11 +71,12 @@ class Output:
     params: dict | None
     seconds: float = 0.0         # from submitting the request to its end
     first_token_s: float = 0.0   # from submitting it to its first token (TTFT)
+    top2_gaps: list[float] = field(default_factory=list)  # per token: top-1 minus top-2 logprob
 
 
 def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: str | None,
                  connector: str, extra: dict, policy: str, max_len: int, num_blocks: int | None,
-                 env: dict) -> None:
+                 env: dict, dtype: str = "float32") -> None:
     os.setpgrp()  # the engine's own processes in its group: a kill reaches them all
     os.environ.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core),
                        "UCX_NET_DEVICES": "lo", **env})
@@ -71,7 +92,7 @@ def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: 
                 kv_load_failure_policy=policy, kv_connector_extra_config=extra,
                 **({"kv_buffer_device": "cpu"} if connector == "NixlConnector" else {}))
         t0 = time.time()
-        llm = LLM(model=model, skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+        llm = LLM(model=model, skip_tokenizer_init=True, enforce_eager=True, dtype=dtype,
                   block_size=block_size, max_model_len=max_len, enable_prefix_caching=True,
                   disable_log_stats=False, seed=0, num_gpu_blocks_override=num_blocks, **kw)
         conn.send(("ready", time.time() - t0))
@@ -84,7 +105,7 @@ def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: 
     def submit(p: Prompt) -> str:
         nonlocal served
         served += 1
-        sp = SamplingParams(temperature=0.0, max_tokens=p.max_tokens, ignore_eos=True,
+        sp = SamplingParams(temperature=0.0, max_tokens=p.max_tokens, ignore_eos=True, logprobs=2,
                             extra_args={"kv_transfer_params": dict(p.params)}
                             if p.params is not None else None)
         prompt = TokensPrompt(prompt_token_ids=list(p.ids))
@@ -108,10 +129,21 @@ def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: 
                 if o.outputs and o.outputs[0].token_ids and not first:
                     first = time.perf_counter() - t
                 last = o
-        c = last.outputs[0] if last is not None and last.outputs else None
-        return Output(list(c.token_ids) if c else [], c.finish_reason if c else None,
-                      last.kv_transfer_params if last is not None else None,
-                      time.perf_counter() - t, first)
+        return _output(last, time.perf_counter() - t, first)
+
+    def together(prompts: list[Prompt], deadline_s: float) -> list[Output]:
+        """Every prompt submitted at once, then stepped until all have finished."""
+        engine = llm.llm_engine
+        t = time.perf_counter()
+        rids = [submit(p) for p in prompts]
+        last: dict = {}
+        while engine.has_unfinished_requests():
+            if time.perf_counter() - t > deadline_s:
+                engine.abort_request(rids)
+                raise TimeoutError(f"requests {rids} unfinished after {deadline_s} s")
+            for o in engine.step():
+                last[o.request_id] = o
+        return [_output(last.get(r), time.perf_counter() - t, 0.0) for r in rids]
 
     while True:
         cmd, arg = conn.recv()
@@ -124,6 +156,9 @@ def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: 
             if cmd == "generate":
                 prompts, deadline_s = arg
                 conn.send(("ok", [run(p, deadline_s) for p in prompts]))
+            elif cmd == "together":
+                prompts, deadline_s = arg
+                conn.send(("ok", together(prompts, deadline_s)))
             elif cmd == "metrics":
                 if arg:  # a one-token request first: the gauges then describe the cache now
                     run(Prompt([1], 1, salt=f"probe-{served}"), 60.0)
@@ -143,6 +178,16 @@ def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: 
         except Exception as e:  # noqa: BLE001
             import traceback
             conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def _output(last, seconds: float, first: float) -> Output:
+    c = last.outputs[0] if last is not None and last.outputs else None
+    gaps = []
+    for lp in (c.logprobs or []) if c is not None else []:
+        top = sorted((v.logprob for v in lp.values()), reverse=True)
+        gaps.append(top[0] - top[1] if len(top) > 1 else float("inf"))
+    return Output(list(c.token_ids) if c else [], c.finish_reason if c else None,
+                  last.kv_transfer_params if last is not None else None, seconds, first, gaps)
 
 
 def _metrics(llm) -> dict[str, float]:
@@ -178,6 +223,10 @@ class Engine:
         """The prompts one after another; each request gives up (aborted) after timeout_s."""
         return self._ask("generate", (prompts, timeout_s), timeout_s * len(prompts) + 30)
 
+    def together(self, prompts: list[Prompt], timeout_s: float = 600.0) -> list[Output]:
+        """The prompts submitted at once (batched by the engine, reads in flight together)."""
+        return self._ask("together", (prompts, timeout_s), timeout_s + 30)
+
     def metrics(self, probe: bool = False) -> dict[str, float]:
         """vLLM's metrics; probe: after a one-token request, so the cache gauges are current."""
         return self._ask("metrics", probe)
@@ -210,13 +259,13 @@ class Engines:
     def start(self, name: str, block_size: int, core: int, role: str | None = "kv_both",
               connector: str = CONNECTOR, extra: dict | None = None, policy: str = "recompute",
               max_len: int = 1024, num_blocks: int | None = None, env: dict | None = None,
-              wait: bool = True,
+              wait: bool = True, dtype: str = "float32",
               timeout_s: float = 300.0) -> Engine:
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_engine_main, name=f"engine-{name}", daemon=False,
                            args=(child, self.model, name, block_size, core, role, connector,
-                                 dict(extra or {}), policy, max_len, num_blocks, dict(env or {})))
+                                 dict(extra or {}), policy, max_len, num_blocks, dict(env or {}), dtype))
         proc.start()
         e = Engine(name, proc, parent)
         self.engines.append(e)
