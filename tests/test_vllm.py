@@ -81,6 +81,17 @@ def test_handoff_tokens_equal_one_engine(run, pair: str, length: int) -> None:
     assert case["external_hits"] == length
 
 
+@pytest.mark.parametrize("pair", ["b->a", "a->c"])
+def test_prompts_sent_together_all_arrive(run, pair: str) -> None:
+    """Eight prompts in one call (64 -> 32 and 32 -> 96): their reads run at once (several staged
+    reads in flight); every prompt gets its tokens (before the staging pool was fixed, some
+    ended with finish "error" and no tokens)."""
+    case = run["cases"][f"together {pair}"]
+    assert case["finish"] == ["length"] * 8
+    assert case["tokens"] == case["baseline"]
+    assert case["external_hits"] == case["prompt_tokens"]
+
+
 def test_reads_move_exactly_the_tokens_asked(run) -> None:
     reads = [r for n in "abcf" for r in run["reads"][n] if r["ok"]]
     assert len(reads) >= len(PAIRS) * len(LENGTHS)

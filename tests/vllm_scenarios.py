@@ -158,6 +158,19 @@ def main(out_path: str) -> None:
                     "external_hits": ext_hits(d) - hits0, "prompt_len": n, "consumer": dn,
                     "producer": pn}
 
+        # ---- several prompts in one call: their reads in flight together --------------------
+        for pn, dn in (("b", "a"), ("a", "c")):
+            p, d = byname[pn], byname[dn]
+            prompts = [ids(40 + 37 * i, seed=500 + i) for i in range(8)]
+            base = d.together([Prompt(x, 8, salt=f"tog-{pn}{dn}-{i}") for i, x in enumerate(prompts)])
+            pre = p.together([Prompt(x, 1, {"do_remote_decode": True}) for x in prompts])
+            hits0 = ext_hits(d)
+            outs = d.together([Prompt(x, 8, q.params) for x, q in zip(prompts, pre)])
+            res["cases"][f"together {pn}->{dn}"] = {
+                "tokens": [o.tokens for o in outs], "baseline": [o.tokens for o in base],
+                "finish": [o.finish_reason for o in outs], "external_hits": ext_hits(d) - hits0,
+                "prompt_tokens": sum(len(x) for x in prompts)}
+
         # ---- a consumer that holds part of the prompt --------------------------------------
         shared = ids(150, seed=7)
         b.generate([Prompt(shared, 1)])  # b (block 64) caches 2 whole blocks of it
