@@ -5,6 +5,7 @@ worker in each step's metadata."""
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 
 from vllm.v1.request import RequestStatus
@@ -13,6 +14,7 @@ from .config import ConnectorConfig
 from .protocol import KvcacheExtMetadata, RecvSpec, Remote, SendSpec, WorkerAddress
 
 _FINISHED_OK = (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
+log = logging.getLogger("kvcache_ext.vllm")
 
 
 class SchedulerSide:
@@ -69,9 +71,13 @@ class SchedulerSide:
             except (ValueError, TypeError):
                 pass
             return False, None
-        if not p or not p.get("do_remote_decode") or request.status not in _FINISHED_OK:
+        if not p or not p.get("do_remote_decode"):
             return False, None
-        if not block_ids or self.address is None:
+        if request.status not in _FINISHED_OK or not block_ids or self.address is None:
+            log.warning("KvcacheExtConnector: request %s asked for a remote decode but ends with "
+                        "status %s, %d block(s), worker side channel %s: no kv_transfer_params "
+                        "(the decode computes the prompt itself)", request.request_id,
+                        request.status, len(block_ids or ()), self.address)
             return False, None
         generation = next(self._generations)
         expiry = time.time() + self.cfg.hold_timeout_s
