@@ -55,6 +55,15 @@ def make_served_model(folder: str, seed: int = 0) -> str:
     return folder
 
 
+def _own_group_dying_with_parent() -> None:
+    """preexec_fn of the servers and the router: a process group of their own (a kill reaches
+    every process of a server), and SIGKILL when the driver dies (PR_SET_PDEATHSIG), so a
+    driver killed by a timeout leaves no server behind."""
+    import ctypes
+    os.setsid()
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def get(url: str, timeout_s: float = 5.0) -> bytes:
     with urllib.request.urlopen(url, timeout=timeout_s) as r:
         return r.read()
@@ -131,14 +140,14 @@ class Server:
                 "--dtype", "float32", "--enforce-eager", "--seed", "0",
                 "--kv-transfer-config", json.dumps(cfg)]
 
-    def start(self, wait_s: float = 240.0) -> "Server":
+    def start(self, wait_s: float = 480.0) -> "Server":
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "UCX_NET_DEVICES": "lo",
                "VLLM_CPU_OMP_THREADS_BIND": str(self.core)}
         if self.connector == "NixlConnector":
             env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(self.side_port)
         self.log = self.log or tempfile.mktemp(prefix=f"served-{self.name}-", suffix=".log")
         self.proc = subprocess.Popen(self.command(), env=env, stdout=open(self.log, "ab"),
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, preexec_fn=_own_group_dying_with_parent)
         return self.wait(wait_s)
 
     def wait(self, wait_s: float = 240.0) -> "Server":
@@ -204,7 +213,7 @@ class Router:
              "--health-check-interval-secs", "2", "--cb-failure-threshold", "3",
              "--cb-timeout-duration-secs", "5", "--retry-max-retries", "3",
              "--request-timeout-secs", "120", "--log-level", "warning"],
-            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, preexec_fn=_own_group_dying_with_parent)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             try:
@@ -328,3 +337,9 @@ def latency_summary(res: dict) -> dict:
     keys = ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms",
             "request_throughput", "output_throughput", "completed", "failed", "duration")
     return {k: res.get(k) for k in keys}
+
+
+if __name__ == "__main__":  # python benchmarks/served.py make-model DIR
+    if len(sys.argv) != 3 or sys.argv[1] != "make-model":
+        sys.exit("usage: python benchmarks/served.py make-model DIR")
+    print(make_served_model(sys.argv[2]))

