@@ -21,7 +21,7 @@ reach (see the bounds in bench_report.py).
 Writes a Markdown table and a JSON file (device, torch and CUDA versions, commit, date) as it
 goes, and PNG plots at the end, under --out. With --budget-s the run stops measuring when the
 time is spent and writes what it has, marked incomplete.
-Every case runs inside an NVTX range; see README.md for the Nsight Systems recipe.
+Every case runs inside an NVTX range; see docs/benchmarks.md for the Nsight Systems recipe.
 """
 from __future__ import annotations
 

@@ -55,10 +55,19 @@ def make_served_model(folder: str, seed: int = 0) -> str:
     return folder
 
 
+def start_all(servers: list["Server"], wait_s: float = 480.0) -> None:
+    """Several servers started together (their start-ups overlap), from this thread."""
+    for s in servers:
+        s.launch()
+    for s in servers:
+        s.wait(wait_s)
+
+
 def _own_group_dying_with_parent() -> None:
     """preexec_fn of the servers and the router: a process group of their own (a kill reaches
-    every process of a server), and SIGKILL when the driver dies (PR_SET_PDEATHSIG), so a
-    driver killed by a timeout leaves no server behind."""
+    every process of a server), and SIGKILL when the driver dies (PR_SET_PDEATHSIG: when the
+    thread that started it ends, so start them from the main thread), so a driver killed by a
+    timeout leaves no server behind."""
     import ctypes
     os.setsid()
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -141,6 +150,11 @@ class Server:
                 "--kv-transfer-config", json.dumps(cfg)]
 
     def start(self, wait_s: float = 480.0) -> "Server":
+        return self.launch().wait(wait_s)
+
+    def launch(self) -> "Server":
+        """Start the process without waiting for it. Call it from a thread that outlives the
+        server (the main thread): PR_SET_PDEATHSIG fires when the thread that started it ends."""
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "UCX_NET_DEVICES": "lo",
                "VLLM_CPU_OMP_THREADS_BIND": str(self.core)}
         if self.connector == "NixlConnector":
@@ -148,7 +162,7 @@ class Server:
         self.log = self.log or tempfile.mktemp(prefix=f"served-{self.name}-", suffix=".log")
         self.proc = subprocess.Popen(self.command(), env=env, stdout=open(self.log, "ab"),
                                      stderr=subprocess.STDOUT, preexec_fn=_own_group_dying_with_parent)
-        return self.wait(wait_s)
+        return self
 
     def wait(self, wait_s: float = 240.0) -> "Server":
         deadline = time.monotonic() + wait_s

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from served import (Router, Server, compare, free_port, latency_summary, load,
-                    make_served_model, metrics, post)
+                    make_served_model, metrics, post, start_all)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,12 +62,7 @@ class Bench:
         p = Server("prefill", self.model, free_port(), p_block, 0, free_port(), connector)
         d = Server("decode", self.model, free_port(), d_block, 1, free_port(), connector, policy,
                    extra | (d_extra or {}))
-        ts = [threading.Thread(target=s.start) for s in (p, d)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        p.wait(5), d.wait(5)
+        start_all([p, d])
         return p, d, Router(free_port(), p.url, d.url).start(), stats
 
     def measure(self, name: str, connector: str, p_block: int, d_block: int, twice: bool = False):

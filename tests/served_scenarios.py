@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from served import (Router, Server, compare, free_port, load, make_served_model,  # noqa: E402
-                    metrics, post)
+                    metrics, post, start_all)
 
 REQUESTS, IN_FLIGHT = 32, 8
 INPUT_LEN, OUTPUT_LEN = 1500, 12   # prompts of 15 .. 2985 tokens
@@ -49,13 +49,7 @@ def main(out_path: str) -> None:
     res: dict = {"requests": REQUESTS, "in_flight": IN_FLIGHT}
     router = None
     try:
-        threads = [threading.Thread(target=s.start) for s in (p, d, alone)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for s in (p, d, alone):
-            s.wait(5)
+        start_all([p, d, alone])
         router = Router(free_port(), p.url, d.url).start()
         res["start_s"] = time.time() - t0
         usage0 = {"prefill": usage(p), "decode": usage(d)}

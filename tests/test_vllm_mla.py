@@ -5,37 +5,17 @@ external hits, each read exactly the prompt's rows. Without .venv-vllm these ski
 KVC_REQUIRE_VLLM=1 (CI), where a missing vLLM fails."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = Path(os.environ.get("KVC_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+from vllm_runner import run_script
+
 ROW_BYTES, LAYERS = 576 * 2, 2
 NEAR_TIE = 1e-4  # a baseline top-2 log-probability gap this small may flip under batching
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
-    if not VLLM_PYTHON.exists():
-        if os.environ.get("KVC_REQUIRE_VLLM") == "1":
-            pytest.fail(f"KVC_REQUIRE_VLLM=1 but {VLLM_PYTHON} does not exist: run scripts/setup.sh")
-        pytest.skip(f"no vLLM environment at {VLLM_PYTHON} (scripts/setup.sh makes it)")
-    tmp = tmp_path_factory.mktemp("vllm_mla")
-    out = tmp / "mla.json"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    t = time.time()
-    proc = subprocess.run([str(VLLM_PYTHON), str(ROOT / "tests" / "vllm_mla_scenarios.py"), str(out)],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=1200)
-    (tmp / "engines.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0 or not out.exists():
-        pytest.fail(f"vllm_mla_scenarios.py exited {proc.returncode} after {time.time() - t:.0f} s; "
-                    f"log {tmp / 'engines.log'}:\n{(proc.stdout + proc.stderr)[-6000:]}")
-    return json.loads(out.read_text())
+    return run_script("vllm_mla_scenarios.py", tmp_path_factory.mktemp("vllm_mla"), 1200)
 
 
 def test_the_backend_and_the_pairs_it_allows(run):

@@ -7,37 +7,14 @@ restarted under load never give a wrong answer (only a visible error). Without .
 skip, unless KVC_REQUIRE_VLLM=1 (CI), where a missing vLLM or vllm-router fails."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = Path(os.environ.get("KVC_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+from vllm_runner import run_script
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
-    router = VLLM_PYTHON.parent / "vllm-router"
-    if not VLLM_PYTHON.exists() or not router.exists():
-        if os.environ.get("KVC_REQUIRE_VLLM") == "1":
-            pytest.fail(f"KVC_REQUIRE_VLLM=1 but {VLLM_PYTHON} or {router} does not exist: run "
-                        f"scripts/setup.sh")
-        pytest.skip(f"no vLLM environment with vllm-router at {VLLM_PYTHON.parent}")
-    tmp = tmp_path_factory.mktemp("served")
-    out = tmp / "served.json"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    t = time.time()
-    proc = subprocess.run([str(VLLM_PYTHON), str(ROOT / "tests" / "served_scenarios.py"), str(out)],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=1500)
-    (tmp / "run.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0 or not out.exists():
-        pytest.fail(f"served_scenarios.py exited {proc.returncode} after {time.time() - t:.0f} s; "
-                    f"log {tmp / 'run.log'}:\n{(proc.stdout + proc.stderr)[-6000:]}")
-    return json.loads(out.read_text())
+    return run_script("served_scenarios.py", tmp_path_factory.mktemp("served"), 1500, "vllm-router")
 
 
 def all_right(c: dict) -> bool:
