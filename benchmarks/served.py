@@ -65,12 +65,14 @@ def start_all(servers: list["Server"], wait_s: float = 480.0) -> None:
 
 def _own_group_dying_with_parent() -> None:
     """preexec_fn of the servers and the router: a process group of their own (a kill reaches
-    every process of a server), and SIGKILL when the driver dies (PR_SET_PDEATHSIG: when the
+    every process of a server), and SIGTERM when the driver dies (PR_SET_PDEATHSIG: when the
     thread that started it ends, so start them from the main thread), so a driver killed by a
     timeout leaves no server behind."""
     import ctypes
     os.setsid()
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # SIGTERM, not SIGKILL: the server then stops its engine core and worker, which an abrupt
+    # end of the server leaves running (and polling) as orphans
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def get(url: str, timeout_s: float = 5.0) -> bytes:
