@@ -110,7 +110,8 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
                          spans=last.get("spans", 0), path=last.get("path", ""),
                          transfer_s=last.get("read_s", 0.0), load_s=last.get("seconds", 0.0),
                          read_ok=bool(last.get("ok")),
-                         **{k: last.get(k) for k in ("peer_s", "acquire_s", "plan_s")})
+                         **{k: last.get(k) for k in ("peer_s", "acquire_s", "plan_s", "runs",
+                                                     "build_s", "move_s", "unpack_s")})
             else:
                 def delta(k: str) -> float:
                     return m1.get(f"vllm:nixl_{k}", 0) - m0.get(f"vllm:nixl_{k}", 0)

@@ -22,15 +22,15 @@ from .ops import check_slot_mapping
 from .plan import (DEFAULT_LAYOUT, LAYOUTS, CacheGroup, CachePlan, CacheSpec, GroupPlan,
                    KVCacheTensor, capacity, layout_order, plan_cache, presets, slot_mapping)
 from .transfer import (CopyStats, GroupTransferPlan, TransferPlan, block_spans, check_runs,
-                       check_spans, copy_blocks, copy_spans, merge_spans, plan_transfer,
-                       runs_of_spans, spans_of_runs)
+                       check_spans, copy_blocks, copy_runs, copy_spans, merge_spans,
+                       plan_transfer, runs_of_spans, spans_of_runs)
 
 __all__ = [
     "DEFAULT_LAYOUT", "LAYOUTS", "CacheGroup", "CachePlan", "CacheSpec", "CopyStats", "GroupPlan",
     "GroupTransferPlan", "KVCache", "KVCacheTensor", "TransferPlan", "allocate", "block_spans",
-    "capacity", "check_runs", "check_slot_mapping", "check_spans", "copy_blocks", "copy_spans",
-    "layout_order", "merge_spans", "ops", "ops_v4", "plan_cache", "plan_transfer", "presets",
-    "reference", "runs_of_spans", "slot_mapping", "spans_of_runs",
+    "capacity", "check_runs", "check_slot_mapping", "check_spans", "copy_blocks", "copy_runs",
+    "copy_spans", "layout_order", "merge_spans", "ops", "ops_v4", "plan_cache", "plan_transfer",
+    "presets", "reference", "runs_of_spans", "slot_mapping", "spans_of_runs",
 ]
 
 

@@ -49,8 +49,9 @@ def simt():
     return load(name="kvc_simt_host",
                 sources=[str(ROOT / "tests/simt/simt_ops.cpp")]
                 + [str(ROOT / "csrc/ops" / f) for f in ("tensor_args.cpp", "host_checks.cpp",
-                                                       "spans.cpp", "overlap.cpp", "write_args.cpp",
-                                                       "gather_args.cpp", "v4_args.cpp")],
+                                                       "spans.cpp", "runs.cpp", "overlap.cpp",
+                                                       "write_args.cpp", "gather_args.cpp",
+                                                       "v4_args.cpp")],
                 extra_include_paths=[str(ROOT / "csrc"), str(ROOT / "tests/simt")],
                 extra_cflags=["-O1", "-std=c++20", "-ffp-contract=off", "-fno-trapping-math"],
                 build_directory=str(build), verbose=False)

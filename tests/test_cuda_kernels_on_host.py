@@ -365,3 +365,31 @@ def test_v4_gathers_give_the_cpu_bytes(simt):
         torch.ops.kvcache_ext.gather_v4_window(gc.view("c4_kv", 0), c_bt, gc.view("swa0_kv", 0),
                                                s_bt, lens, cu_out, 4, 128, want, False)
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), dtype
+
+
+@pytest.mark.parametrize("chunk", [40, 4096])
+def test_run_copy_kernel_gives_the_cpu_bytes(simt, chunk):
+    """copy_runs' one-launch kernel (the regroup): runs of every alignment and width class
+    (16-, 8-, 4- and 1-byte words), short pieces stepping apart, a piece longer than an item,
+    interleaved runs of one stride, against the CPU op; unwritten bytes keep their poison."""
+    g = torch.Generator().manual_seed(13)
+    src = torch.randint(0, 256, (1 << 15,), dtype=torch.uint8, generator=g)
+    runs = torch.tensor([[0, 0, 128, 128, 256, 16],        # channel-major: 32 -> 64 tokens
+                         [2048, 128, 128, 128, 256, 16],   # the other half, interleaved
+                         [4096, 8192, 24, 40, 56, 9],      # 8-byte words
+                         [6000, 9000, 12, 20, 12, 7],      # 4-byte words, adjacent pieces
+                         [7001, 10001, 5, 9, 7, 11],       # bytes
+                         [8000, 12000, 5000, 0, 5000, 1],  # one long piece
+                         [20000, 20000, 0, 0, 0, 3]])      # empty
+    got = torch.full((1 << 15,), 0xA5, dtype=torch.uint8)
+    want = got.clone()
+    simt.copy_runs(src, got, runs, chunk)
+    torch.ops.kvcache_ext.copy_runs(src, want, runs)
+    assert torch.equal(got, want)
+    spans = kvc.spans_of_runs(runs)
+    by_spans = torch.full((1 << 15,), 0xA5, dtype=torch.uint8)
+    torch.ops.kvcache_ext.copy_spans(src, by_spans, spans)
+    assert torch.equal(got, by_spans)
+    assert torch.equal(got[256:384], src[128:256]) and int((got == 0xA5).sum()) > 1000
+    with pytest.raises(ValueError, match="write overlapping"):
+        simt.copy_runs(src, got, torch.tensor([[0, 0, 8, 8, 16, 4], [64, 36, 8, 8, 16, 2]]), chunk)

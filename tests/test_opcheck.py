@@ -106,6 +106,13 @@ def cases(device: str):
                                               torch.zeros(1, dtype=torch.long))),
         "check_runs": (OPS.check_runs, (torch.tensor([[0, 0, 8, 16, 16, 3]]), cache.buffer.numel(),
                                         other.buffer.numel())),
+        "copy_runs": (OPS.copy_runs, (cache.buffer, other.buffer,
+                                      torch.tensor([[0, 0, 8, 16, 32, 3], [64, 8, 8, 16, 32, 3]]))),
+        "plan_token_runs": (OPS.plan_token_runs, (
+            kvc.TransferPlan(cache.plan, other.plan).move_table, torch.arange(4), torch.arange(4),
+            cache.plan.block_size, other.plan.block_size, cache.plan.num_blocks,
+            other.plan.num_blocks, 10, 0, 0, torch.empty(4096, 6, dtype=torch.long),
+            torch.zeros(1, dtype=torch.long))),
     }
 
 

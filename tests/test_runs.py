@@ -40,7 +40,8 @@ def test_plan_runs_methods_and_the_shapes_they_compress():
     xp = kvc.TransferPlan(a, b)
     spans = xp.token_spans(ta, tb, 8192)
     runs = xp.token_runs(ta, tb, 8192)
-    assert torch.equal(kvc.spans_of_runs(runs), spans)
+    pieces = kvc.spans_of_runs(runs)  # the planner's order; merged, exactly token_spans
+    assert torch.equal(kvc.merge_spans(pieces[:, 0], pieces[:, 1], pieces[:, 2]), spans)
     # per (layer, head, 32-token run): 64 K channels and V; a dst block's last V piece runs on
     # into the next one's first K channel on both sides (127 times per layer)
     assert spans.shape[0] == 8 * 4 * 256 * (64 + 1) - 8 * 127

@@ -15,6 +15,7 @@ void mla_gather(const MlaGatherParams& p);
 void indexer_gather(const IndexerGatherParams& p);
 void kv_gather(const KvGatherParams& p);
 void copy_chunks(const CopyParams& p);
+void copy_run_items(const RunCopyParams& p);
 void v4_write(const V4WriteParams& p);
 void v4_pair_write(const V4WriteParams& mla, const V4WriteParams& idx);
 void v4_gather(const V4GatherParams& p);
@@ -31,6 +32,7 @@ void dsa_write(const MlaWriteParams& mla, const IndexerWriteParams& idx, void* s
 void mla_gather(const MlaGatherParams& p, void* stream);
 void indexer_gather(const IndexerGatherParams& p, void* stream);
 void copy_chunks(const CopyParams& p, void* stream);
+void copy_run_items(const RunCopyParams& p, void* stream);
 void v4_write(const V4WriteParams& p, void* stream);
 // kMla rows and kMxfp4 rows at the same slots (mla.slots), one launch.
 void v4_pair_write(const V4WriteParams& mla, const V4WriteParams& idx, void* stream);

@@ -149,4 +149,15 @@ struct CopyParams {
 constexpr int64_t kCopyChunkBytes = 64 * 1024;     // one CUDA thread block each
 constexpr int64_t kCpuCopyChunkBytes = 256 * 1024;  // parallel CPU work items
 
+// copy_runs (a re-tiling): items (src offset, dst offset, length, src stride, dst stride, count)
+// [num_items, 6] -- `count` pieces of `length` bytes, piece j from src + j * src stride to dst +
+// j * dst stride; the op layer cuts the runs into items of about kCopyChunkBytes (CUDA: one
+// thread block each) or kCpuCopyChunkBytes (CPU work items).
+struct RunCopyParams {
+  const uint8_t* src;
+  uint8_t* dst;
+  const int64_t* items;
+  int64_t num_items;
+};
+
 }  // namespace kvc

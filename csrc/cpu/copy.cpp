@@ -31,3 +31,24 @@ void copy_chunks(const CopyParams& p) {
 }
 
 }  // namespace kvc::cpu
+
+namespace kvc::cpu {
+
+// The CPU loop of copy_runs: every item's pieces in order, items in parallel (the op layer cut
+// them to about kCpuCopyChunkBytes each, so equal items are equal work). A piece is one memcpy:
+// the regroup of a channel-major page moves 64..512-B pieces, where glibc's small-size copies
+// keep up with the memory system.
+void copy_run_items(const RunCopyParams& p) {
+  const int64_t* r = p.items;
+  at::parallel_for(0, p.num_items, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t* c = r + 6 * i;
+      const uint8_t* from = p.src + c[0];
+      uint8_t* to = p.dst + c[1];
+      const int64_t len = c[2], sa = c[3], sb = c[4], count = c[5];
+      for (int64_t j = 0; j < count; ++j, from += sa, to += sb) std::memcpy(to, from, len);
+    }
+  });
+}
+
+}  // namespace kvc::cpu

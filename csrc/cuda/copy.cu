@@ -10,3 +10,11 @@ void copy_chunks(const CopyParams& p, void* stream) {
 }
 
 }  // namespace kvc::cuda
+
+namespace kvc::cuda {
+
+void copy_run_items(const RunCopyParams& p, void* stream) {
+  if (p.num_items > 0) dispatch_copy_run_items(p, StreamLaunch{stream, "kvcache_ext copy_runs"});
+}
+
+}  // namespace kvc::cuda

@@ -37,6 +37,46 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp) copy_chunks_kernel(Cop
     copy_as<uint8_t>(dst, src, n, tid);
 }
 
+// copy_runs: one thread block per item (a run's pieces, about kCopyChunkBytes together); the
+// block's threads walk the item's (piece, word) grid, as wide as every piece's two addresses
+// and the length allow, so a 128-B piece is 8 threads' 16-B words and a warp covers 4 pieces.
+template <class V>
+__device__ __forceinline__ void copy_run_as(const uint8_t* src, uint8_t* dst, int64_t len,
+                                            int64_t sa, int64_t sb, int64_t count, int tid) {
+  constexpr int kThreads = kWarpsPerBlock * kWarp;
+  const int64_t words = len / static_cast<int64_t>(sizeof(V));
+  for (int64_t i = tid; i < words * count; i += kThreads) {
+    const int64_t j = i / words, w = i - j * words;
+    vec<V>(dst + j * sb)[w] = vec<const V>(src + j * sa)[w];
+  }
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * kWarp) copy_run_items_kernel(RunCopyParams p) {
+  const int64_t c = blockIdx.x;
+  if (c >= p.num_items) return;
+  const int64_t* item = p.items + 6 * c;
+  const uint8_t* src = p.src + item[0];
+  uint8_t* dst = p.dst + item[1];
+  const int64_t len = item[2], sa = item[3], sb = item[4], count = item[5];
+  const uintptr_t mix = reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst) |
+                        static_cast<uintptr_t>(len) |
+                        (count > 1 ? static_cast<uintptr_t>(sa) | static_cast<uintptr_t>(sb) : 0);
+  const int tid = threadIdx.x;
+  if ((mix & 15) == 0)
+    copy_run_as<uint4>(src, dst, len, sa, sb, count, tid);
+  else if ((mix & 7) == 0)
+    copy_run_as<uint2>(src, dst, len, sa, sb, count, tid);
+  else if ((mix & 3) == 0)
+    copy_run_as<uint32_t>(src, dst, len, sa, sb, count, tid);
+  else
+    copy_run_as<uint8_t>(src, dst, len, sa, sb, count, tid);
+}
+
+template <class Launch>
+void dispatch_copy_run_items(const RunCopyParams& p, const Launch& launch) {
+  launch(copy_run_items_kernel, static_cast<unsigned>(p.num_items), p);
+}
+
 template <class Launch>
 void dispatch_copy_chunks(const CopyParams& p, const Launch& launch) {
   launch(copy_chunks_kernel, static_cast<unsigned>(p.num_chunks), p);

@@ -1,4 +1,5 @@
 // copy_spans (byte spans between two flat buffers, CPU <-> CPU, GPU <-> GPU, GPU <-> pinned CPU),
+// copy_runs (strided runs between two buffers: a re-tiling, runs.h),
 // and the checks offered alone: check_spans (the span rules, spans.h) and check_slot_mapping (a
 // write's slot rules, host_checks.h, for debug runs of CUDA writes, which cannot check).
 #include <ATen/core/CachingHostAllocator.h>
@@ -8,6 +9,7 @@
 #include "host_checks.h"
 #include "ops.h"
 #include "run.h"
+#include "runs.h"
 #include "spans.h"
 
 namespace kvc::ops {
@@ -64,6 +66,45 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
   // The chunk table travels to the GPU on the copy's stream, from pinned memory.
   const Tensor chunks = chunk_spans(s, n, kCopyChunkBytes).pin_memory().to(gpu.device(), true);
   KVC_CUDA(cuda::copy_chunks({from, to, chunks.data_ptr<int64_t>(), chunks.size(0)}, stream_of(gpu)));
+  for (const Tensor* host : {&src, &dst})
+    if (host->is_cpu()) record_pinned_use(*host, gpu);
+}
+
+// copy_runs: the runs' pieces from src to dst, checked as check_runs checks them (before any
+// byte moves), in one parallel CPU loop or one CUDA launch (GPU <-> GPU, GPU <-> pinned CPU).
+void copy_runs(const Tensor& src, const Tensor& dst, const Tensor& runs) {
+  NvtxRange range("kvc::copy_runs");
+  TORCH_CHECK_TYPE(src.scalar_type() == at::kByte && dst.scalar_type() == at::kByte,
+                   "src and dst must be uint8 buffers, got ", src.scalar_type(), " and ",
+                   dst.scalar_type());
+  TORCH_CHECK_VALUE(src.dim() == 1 && dst.dim() == 1 && src.is_contiguous() && dst.is_contiguous(),
+                    "src and dst must be contiguous 1-D buffers");
+  const int64_t* r = rows_arg(runs, 6, "runs");
+  const int64_t n = runs.size(0);
+  const uint8_t* from = src.data_ptr<uint8_t>();
+  uint8_t* to = dst.data_ptr<uint8_t>();
+  const intptr_t f = reinterpret_cast<intptr_t>(from), t = reinterpret_cast<intptr_t>(to);
+  TORCH_CHECK_VALUE(src.device() != dst.device() || t >= f + src.numel() || f >= t + dst.numel(),
+                    "src and dst share memory: copy_runs moves bytes between two buffers "
+                    "(copy_spans checks destinations against sources within one)");
+  check_run_rows(r, n, src.numel(), dst.numel(), "runs");
+  if (src.is_cpu() && dst.is_cpu()) {
+    const Tensor items = run_items(r, n, kCpuCopyChunkBytes);
+    cpu::copy_run_items({from, to, items.data_ptr<int64_t>(), items.size(0)});
+    return;
+  }
+  const Tensor& gpu = dst.is_cpu() ? src : dst;
+  TORCH_CHECK_VALUE(src.is_cpu() || dst.is_cpu() || src.device() == dst.device(),
+                    "src and dst on two GPUs are not supported, got ", src.device(), " and ",
+                    dst.device());
+  for (const Tensor* host : {&src, &dst})
+    TORCH_CHECK_VALUE(!host->is_cpu() || host->is_pinned(), host == &src ? "src" : "dst",
+                      " is in pageable CPU memory: a GPU copy needs pinned memory "
+                      "(kvc.allocate(..., pin_memory=True))");
+  c10::DeviceGuard guard(gpu.device());
+  const Tensor items = run_items(r, n, kCopyChunkBytes).pin_memory().to(gpu.device(), true);
+  KVC_CUDA(cuda::copy_run_items({from, to, items.data_ptr<int64_t>(), items.size(0)},
+                                stream_of(gpu)));
   for (const Tensor* host : {&src, &dst})
     if (host->is_cpu()) record_pinned_use(*host, gpu);
 }

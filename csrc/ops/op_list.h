@@ -97,4 +97,12 @@
   /* Strided runs [R, 6] = (src, dst, length, src stride, dst stride, count) (runs.cpp). */          \
   X(runs_of_spans, "Tensor spans, Tensor(a!) runs, Tensor(b!) count", "", "",                        \
     "spans runs count")                                                                              \
-  X(check_runs, "Tensor runs, int src_bytes, int dst_bytes, str name=\"runs\"", "", "", "runs")
+  X(check_runs, "Tensor runs, int src_bytes, int dst_bytes, str name=\"runs\"", "", "", "runs")  \
+  /* Runs between two buffers (a re-tiling: one parallel CPU loop or one CUDA launch). */             \
+  X(copy_runs, "Tensor src, Tensor(a!) dst, Tensor runs", "", "", "runs")                            \
+  /* The runs moving a request's tokens between two plans (plan_runs.cpp). */                         \
+  X(plan_token_runs,                                                                                   \
+    "Tensor moves, Tensor src_table, Tensor dst_table, int src_block_size, int dst_block_size, "      \
+    "int src_num_blocks, int dst_num_blocks, int num_tokens, int src_start, int dst_start, "          \
+    "Tensor(a!) runs, Tensor(b!) count",                                                               \
+    "", "", "moves src_table dst_table runs count")

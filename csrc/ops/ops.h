@@ -1,7 +1,7 @@
 // The op bodies, one per entry of op_list.h (same names, the schema's arguments in order): each
 // parses its arguments once into kernel parameters, then runs the CPU loop or launches the CUDA
 // kernel on the view's device and current stream. writes.cpp, v4_writes.cpp, gathers.cpp, copy.cpp,
-// runs.cpp.
+// runs.cpp, plan_runs.cpp.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/util/string_view.h>
@@ -75,5 +75,10 @@ void check_spans(const Tensor& spans, int64_t src_bytes, int64_t dst_bytes, bool
 void check_slot_mapping(const Tensor& slot_mapping, const Tensor& view);
 void runs_of_spans(const Tensor& spans, const Tensor& runs, const Tensor& count);
 void check_runs(const Tensor& runs, int64_t src_bytes, int64_t dst_bytes, Str name);
+void copy_runs(const Tensor& src, const Tensor& dst, const Tensor& runs);
+void plan_token_runs(const Tensor& moves, const Tensor& src_table, const Tensor& dst_table,
+                     int64_t src_block_size, int64_t dst_block_size, int64_t src_num_blocks,
+                     int64_t dst_num_blocks, int64_t num_tokens, int64_t src_start,
+                     int64_t dst_start, const Tensor& runs, const Tensor& count);
 
 }  // namespace kvc::ops

@@ -5,12 +5,15 @@
     peer = ep.add_peer(other_blob)                     # .name, .plan
     spans = kvc.TransferPlan(peer.plan, ep.plan).token_spans(src_table, dst_table, n)
     ep.read(peer, spans).wait(timeout_s=10)            # pull the peer's bytes into our cache
+    ep.read_tokens(peer, src_table, dst_table, n).wait(10)  # the same, planned per peer once
     ep.write(peer, kvc.TransferPlan(ep.plan, peer.plan).block_spans(pairs)).wait(10)
     ep.close()                                         # or: with Endpoint(...) as ep:
 
-Spans are (src_offset, dst_offset, length) rows as a TransferPlan gives them: for read() the
-source is the peer's buffer, for write() it is ours. Every span is checked against both buffers,
-and overlapping destinations are refused, before anything is posted.
+Spans are (src_offset, dst_offset, length) rows as a TransferPlan gives them, or strided runs
+(src_offset, dst_offset, length, src_stride, dst_stride, count) as its token_runs gives them: for
+read() the source is the peer's buffer, for write() it is ours. Every span (run) is checked
+against both buffers, and overlapping destinations are refused, before anything is posted.
+read_tokens plans the runs itself, in compiled code, from a TransferPlan made once per peer.
 
 Progress: the owner of memory that a peer reads or writes makes no call while that happens;
 it only keeps its Endpoint open. Each Endpoint runs a small poller thread that calls its agent
@@ -53,8 +56,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from ..cache import KVCache  # noqa: E402
 from ..plan import CachePlan, GroupPlan, plan_from_dict, plan_to_dict  # noqa: E402
-from ..transfer import as_spans, check_spans  # noqa: E402
-from . import paths  # noqa: E402
+from ..transfer import (TransferPlan, as_runs, as_spans, check_runs, check_spans,  # noqa: E402
+                        runs_of_spans)
+from . import paths, run_paths  # noqa: E402
 from .handle import (NixlError, PeerGoneError, TransferHandle, TransferStats,  # noqa: E402
                      nixl_error)
 from .resources import TransferResources  # noqa: E402
@@ -107,6 +111,7 @@ class Endpoint(TransferResources):
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
         self._peer_metadata: dict[str, bytes] = {}  # the blob each peer was added from
+        self._xplans: dict[str, TransferPlan] = {}  # peer -> TransferPlan(peer's plan, ours)
         self._handles: set[TransferHandle] = set()
         self._local_grids: dict[int, object] = {}              # granule -> prepared local list
         self._peer_grids: dict[tuple[str, int], object] = {}   # (peer, granule) -> remote list
@@ -212,6 +217,7 @@ class Endpoint(TransferResources):
             self._release_dlists([self._peer_grids.pop(k) for k in list(self._peer_grids)
                                   if k[0] == peer.name])
             self._peer_metadata.pop(peer.name, None)
+            self._xplans.pop(peer.name, None)
             if self._peers.pop(peer.name, None) is not None and not self._closed:
                 try:
                     self._agent.remove_remote_agent(peer.name)
@@ -220,10 +226,42 @@ class Endpoint(TransferResources):
 
     # ---- transfers --------------------------------------------------------------------------
     def read(self, peer: Peer, spans: torch.Tensor, path: str = "auto") -> TransferHandle:
-        """Pull peer bytes into our cache: spans from TransferPlan(peer.plan, self.plan). path:
-        "auto" (the cheapest the measurements support, paths.py), or force "plain",
-        "prepared", "strided" (nixl >= 1.5) or "staged"; the bytes are the same either way."""
+        """Pull peer bytes into our cache: spans [S, 3] or runs [R, 6] from
+        TransferPlan(peer.plan, self.plan). path: "auto" (the cheapest the measurements
+        support, paths.py), or force "plain", "prepared", "strided" (nixl >= 1.5) or "staged";
+        the bytes are the same either way."""
         return self._transfer("READ", peer, spans, path)
+
+    def transfer_plan(self, peer: Peer) -> TransferPlan:
+        """TransferPlan(peer.plan, self.plan), made on first use and kept until the peer is
+        removed (what depends only on the two plans is computed once per peer)."""
+        with self._lock:
+            xp = self._xplans.get(peer.name)
+            if xp is None or xp.src_plan is not peer.plan:
+                if isinstance(peer.plan, GroupPlan) or isinstance(self.plan, GroupPlan):
+                    raise ValueError("transfer_plan / read_tokens are for cache plans; caches "
+                                     "of group plans read GroupTransferPlan spans with read()")
+                xp = self._xplans[peer.name] = TransferPlan(peer.plan, self.plan)
+            return xp
+
+    def read_tokens(self, peer: Peer, src_block_table: torch.Tensor,
+                    dst_block_table: torch.Tensor, num_tokens: int, src_start: int = 0,
+                    dst_start: int = 0, path: str = "auto") -> TransferHandle:
+        """Pull num_tokens tokens (from src_start in the peer's block table, to dst_start in
+        ours) into our cache, any two block sizes: the runs planned in compiled code
+        (TransferPlan.token_runs, the plan pair kept per peer), timed as stats.plan_s, then
+        read(peer, runs, path) -- staged and re-tiled in one pass where that is cheaper."""
+        self._check_open()
+        if not isinstance(peer, Peer) or self._peers.get(peer.name) is not peer:
+            raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "
+                             f"removed since), got {peer!r:.80}")
+        t = time.perf_counter()
+        runs = self.transfer_plan(peer).token_runs(src_block_table, dst_block_table, num_tokens,
+                                                   src_start, dst_start)
+        plan_s = time.perf_counter() - t
+        handle = self._transfer("READ", peer, runs, path)
+        handle.stats.plan_s = plan_s
+        return handle
 
     def write(self, peer: Peer, spans: torch.Tensor, path: str = "auto") -> TransferHandle:
         """Push our bytes into the peer's cache: spans from TransferPlan(self.plan, peer.plan).
@@ -237,9 +275,11 @@ class Endpoint(TransferResources):
             raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "
                              f"removed since), got {peer!r:.80}")
         paths.check_path(path, op, self.strided)
-        spans = as_spans(spans)
         ours = self.cache.buffer.numel()
         src_bytes, dst_bytes = (peer.nbytes, ours) if op == "READ" else (ours, peer.nbytes)
+        if isinstance(spans, torch.Tensor) and spans.dim() == 2 and spans.shape[1] == 6:
+            return self._transfer_runs(op, peer, spans, path, src_bytes, dst_bytes, t0)
+        spans = as_spans(spans)
         check_spans(spans, src_bytes, dst_bytes)
         keep = spans[:, 2] > 0
         s = spans[keep].numpy() if not bool(keep.all()) else spans.numpy()
@@ -264,12 +304,31 @@ class Endpoint(TransferResources):
         elif path == "prepared":
             parts = paths.prepared_parts(self, peer, op, local_off, remote_off, lengths, g, stats)
         elif path == "strided":
-            parts = paths.strided_parts(self, peer, op, torch.from_numpy(s), stats)
+            t = time.perf_counter()
+            runs = runs_of_spans(torch.from_numpy(s)).numpy()
+            stats.lists_s += time.perf_counter() - t
+            parts = paths.strided_parts(self, peer, op, runs, stats)
         else:
             parts = []
         on_end = None
         if path == "staged":
             parts, on_end = paths.staged_parts(self, peer, remote_off, local_off, lengths, stats)
+        return self._start(op, peer, parts, stats, on_end, t0)
+
+    def _transfer_runs(self, op: str, peer: Peer, runs: torch.Tensor, path: str, src_bytes: int,
+                       dst_bytes: int, t0: float) -> TransferHandle:
+        runs = as_runs(runs)
+        check_runs(runs, src_bytes, dst_bytes)
+        r = runs[runs[:, 2] > 0].numpy()
+        stats = TransferStats(path="plain", spans=int(r[:, 5].sum()),
+                              bytes=int((r[:, 2] * r[:, 5]).sum()), runs=int(runs.shape[0]))
+        if stats.spans == 0:
+            return TransferHandle(self, peer, op, [], stats)
+        stats.path, parts, on_end = run_paths.run_parts(self, peer, op, r, path, stats)
+        return self._start(op, peer, parts, stats, on_end, t0)
+
+    def _start(self, op: str, peer: Peer, parts, stats: TransferStats, on_end,
+               t0: float) -> TransferHandle:
         handle = TransferHandle(self, peer, op, parts, stats, on_end)
         with handle._mu:  # close() may abandon it as soon as it is listed
             with self._lock:
@@ -369,6 +428,7 @@ class Endpoint(TransferResources):
                     pass
             self._peers.clear()
             self._peer_metadata.clear()
+            self._xplans.clear()
             try:
                 self._agent.deregister_memory(self._reg)
             finally:

@@ -8,13 +8,15 @@ benchmarks/results/nixl_paths_cpu.md); the rule in choose() follows from it.
   size every span offset and length is a multiple of; one strided Nx5 row each, nixl >= 1.5),
   then per transfer only index arrays (make_prepped_xfer, which merges indices that continue on
   both sides). Saves building and creating lists, not posting.
-- strided: the spans as strided runs (kvc.runs_of_spans), prepared for this transfer as Nx5
-  lists (nixl >= 1.5), one index per piece. Lists as long as the runs, not the pieces.
+- strided: the spans as strided runs (kvc.runs_of_spans, or the runs the caller gave),
+  prepared for this transfer as Nx5 lists (nixl >= 1.5), one index per piece. Lists as long as
+  the runs, not the pieces.
 - staged (reads only): the peer's bytes the spans read, merged into extents wherever the gap
   between two is at most STAGE_GAP_BYTES, read into a registered staging buffer with one
   descriptor per extent, in parts of STAGE_PART_BYTES; each part is unpacked into the cache by
   the copy_spans op on a thread of its own while the next part is read. Posting cost per
-  extent, not per span, plus the unpack.
+  extent, not per span, plus the unpack. A read given strided runs (TransferPlan.token_runs)
+  stages them the same way and re-tiles each part with one copy_runs (staged_runs.py).
 """
 from __future__ import annotations
 
@@ -25,7 +27,6 @@ from math import gcd
 import numpy as np
 
 from ..ops.library import ops as _ops
-from ..transfer import runs_of_spans
 from .handle import NixlError, Part
 
 PATHS = ("auto", "plain", "prepared", "strided", "staged")
@@ -144,10 +145,8 @@ def prepared_parts(ep, peer, op: str, local_off, remote_off, lengths, g: int,
     return [Part(make)]
 
 
-def strided_parts(ep, peer, op: str, spans, stats) -> list[Part]:
-    t = time.perf_counter()
-    runs = runs_of_spans(spans).numpy()
-    _lap(stats, "lists_s", t)
+def strided_parts(ep, peer, op: str, runs: np.ndarray, stats) -> list[Part]:
+    """runs: [R, 6] (src, dst, length, strides, count) as the transfer gives them."""
     src, dst, length, s_stride, d_stride, count = (runs[:, i] for i in range(6))
     local_off, local_stride, remote_off, remote_stride = (
         (dst, d_stride, src, s_stride) if op == "READ" else (src, s_stride, dst, d_stride))

@@ -1,5 +1,7 @@
 """Moving cache bytes between two caches in one process: copy_spans executes a span list,
-copy_blocks copies whole blocks between any two plans of one block size (SPEC 8).
+copy_runs a list of strided runs (a re-tiling: one pass of one kernel, e.g. the channel-major
+K pages of one block size into another's), copy_blocks copies whole blocks between any two
+plans of one block size (SPEC 8).
 
 The spans come from a TransferPlan (plan.py): both plans enumerate the same logical
 bytes, and the spans covering them are merged wherever they continue in both buffers -- one
@@ -25,7 +27,7 @@ from ..ops.library import ops as _ops
 from ..plan import CachePlan, GroupPlan
 from .groups import GroupTransferPlan
 from .plan import TransferPlan
-from .spans import as_spans
+from .spans import as_runs, as_spans
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,32 @@ def copy_spans(src_cache: KVCache, dst_cache: KVCache, spans: torch.Tensor) -> C
     return _execute(src_cache.buffer, dst_cache.buffer, spans, blocks=0)
 
 
+def copy_runs(src_cache: KVCache, dst_cache: KVCache, runs: torch.Tensor) -> CopyStats:
+    """Copy the pieces of strided runs, int64 [R, 6] (src_offset, dst_offset, length,
+    src_stride, dst_stride, count), from src_cache.buffer to dst_cache.buffer: what copy_spans
+    does with spans_of_runs(runs), without the list of pieces -- runs are cut into items of
+    about equal bytes, one parallel CPU loop or one CUDA launch (GPU<->GPU, GPU<->pinned CPU,
+    asynchronous as copy_spans). For a TransferPlan's token_runs between two caches. The two
+    buffers must not share memory; the runs are checked as check_runs checks them (ValueError /
+    IndexError naming the run) before any byte moves."""
+    for arg, c in (("src_cache", src_cache), ("dst_cache", dst_cache)):
+        if not isinstance(c, KVCache):
+            raise TypeError(f"{arg} must be a KVCache, got {type(c).__name__}")
+    runs = as_runs(runs)
+    src, dst = src_cache.buffer, dst_cache.buffer
+    _ops.copy_runs(src, dst, runs)
+    return _stats_after(src, dst, blocks=0, spans=int(runs[:, 5].sum()) if runs.numel() else 0,
+                        nbytes=int((runs[:, 2] * runs[:, 5]).sum()) if runs.numel() else 0)
+
+
 def _execute(src: torch.Tensor, dst: torch.Tensor, spans: torch.Tensor, blocks: int) -> CopyStats:
     _ops.copy_spans(src, dst, spans)
+    return _stats_after(src, dst, blocks, int(spans.shape[0]),
+                        int(spans[:, 2].sum()) if spans.numel() else 0)
+
+
+def _stats_after(src: torch.Tensor, dst: torch.Tensor, blocks: int, spans: int,
+                 nbytes: int) -> CopyStats:
     event = None
     gpu = src if src.is_cuda else dst if dst.is_cuda else None
     if gpu is not None:
@@ -77,9 +103,7 @@ def _execute(src: torch.Tensor, dst: torch.Tensor, spans: torch.Tensor, blocks: 
                 b.record_stream(stream)  # the caching allocator waits for the copy before reuse
         event = torch.cuda.Event()
         event.record(stream)
-    return CopyStats(blocks=blocks, spans=int(spans.shape[0]),
-                     bytes=int(spans[:, 2].sum()) if spans.numel() else 0,
-                     event=event, buffers=(src, dst) if gpu is not None else ())
+    return CopyStats(blocks=blocks, spans=spans, bytes=nbytes, event=event, buffers=(src, dst) if gpu is not None else ())
 
 
 def copy_blocks(src: KVCache, dst: KVCache, block_mapping) -> CopyStats:

@@ -17,7 +17,11 @@ Atoms, per spec, for one chunk of tokens that lies inside one block on both side
   that row, then the chunk is one piece;
 - else one piece per head, of C bytes per token, or of the whole chunk when both token
   strides are C.
-Everything is int64 torch arithmetic over [layers, heads, chunks] grids: no per-token loop.
+token_spans is int64 torch arithmetic over [layers, heads, chunks] grids (no per-token loop):
+the readable statement of the rule, which the tests hold the compiled planner to. token_runs is
+that planner (csrc/ops/plan_runs.cpp): the same bytes as strided runs, from a table of the spec
+moves computed once per pair of plans (`move_table`) and the two block tables, in one pass with
+no list of pieces -- what a transfer of many requests between two engines calls per request.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from typing import Mapping
 import torch
 
 from ..plan import CachePlan
+from ..ops.library import ops as _ops
 from .spans import merge_spans, runs_of_spans
 
 Range = tuple[int, int, int]  # (src_first, dst_first, count)
@@ -51,6 +56,17 @@ class _SpecMove:
     heads: Range
     src: _Side
     dst: _Side
+
+
+_MOVE_FIELDS = 20  # csrc/ops/plan_runs.cpp's Move
+
+
+def _move_row(m: _SpecMove) -> list[int]:
+    a, b = m.split if m.split is not None else (-1, 0)
+    return [m.row_bytes, a, b, m.channel_major or 0, *m.layers, *m.heads,
+            m.src.offset, m.src.layer_stride, m.src.block_stride, m.src.head_stride,
+            m.src.token_stride, m.dst.offset, m.dst.layer_stride, m.dst.block_stride,
+            m.dst.head_stride, m.dst.token_stride]
 
 
 def _side(plan: CachePlan, name: str) -> _Side:
@@ -135,6 +151,12 @@ class TransferPlan:
                 _side(src_plan, name), _side(dst_plan, name)))
         self.src_plan, self.dst_plan = src_plan, dst_plan
         self.moves: tuple[_SpecMove, ...] = tuple(moves)
+        # what depends only on the two plans, for the compiled planner: one row per moved spec
+        self.move_table = torch.tensor([_move_row(m) for m in moves], dtype=torch.int64).reshape(
+            -1, _MOVE_FIELDS)
+        self._runs_per_chunk = sum(m.layers[2] * (m.heads[2] if m.split is not None or not (
+            m.heads[2] == 1 or (m.src.head_stride == m.row_bytes and
+                                m.dst.head_stride == m.row_bytes)) else 1) * 2 for m in moves)
 
     @property
     def specs(self) -> tuple[str, ...]:
@@ -194,10 +216,30 @@ class TransferPlan:
 
     def token_runs(self, src_block_table: torch.Tensor, dst_block_table: torch.Tensor,
                    num_tokens: int, src_start: int = 0, dst_start: int = 0) -> torch.Tensor:
-        """token_spans as strided runs, int64 [R, 6]: e.g. the channels of a channel-major part
-        of one token run, or one token run across layers when the block sizes differ."""
-        return runs_of_spans(self.token_spans(src_block_table, dst_block_table, num_tokens,
-                                              src_start, dst_start))
+        """The bytes of token_spans as strided runs, int64 [R, 6], planned in compiled code
+        (csrc/ops/plan_runs.cpp) without a list of pieces: e.g. one run of the channels of a
+        channel-major part per chunk of tokens. Any block sizes; the same checks as
+        token_spans. merge_spans(spans_of_runs(runs)) == token_spans(...)."""
+        for arg, v in (("num_tokens", num_tokens), ("src_start", src_start),
+                       ("dst_start", dst_start)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{arg} must be an int >= 0, got {v!r}")
+        if num_tokens == 0:
+            return torch.zeros(0, 6, dtype=torch.int64)
+        sp, dp = self.src_plan, self.dst_plan
+        ns, nd = sp.block_size, dp.block_size
+        src_table = _check_table(src_block_table, "src_block_table", src_start, num_tokens, ns,
+                                 sp.num_blocks)
+        dst_table = _check_table(dst_block_table, "dst_block_table", dst_start, num_tokens, nd,
+                                 dp.num_blocks)
+        # chunks break at either side's blocks: at most the blocks touched on both, less one
+        chunks = ((src_start + num_tokens - 1) // ns - src_start // ns
+                  + (dst_start + num_tokens - 1) // nd - dst_start // nd + 1)
+        runs = torch.empty(chunks * self._runs_per_chunk, 6, dtype=torch.int64)
+        count = torch.zeros(1, dtype=torch.int64)
+        _ops.plan_token_runs(self.move_table, src_table, dst_table, ns, nd, sp.num_blocks,
+                             dp.num_blocks, num_tokens, src_start, dst_start, runs, count)
+        return runs[:int(count)]
 
     # ---- the span math -----------------------------------------------------------------------
     def _spans(self, sb: torch.Tensor, db: torch.Tensor, sn: torch.Tensor, dn: torch.Tensor,
@@ -306,4 +348,4 @@ def _check_table(table: torch.Tensor, arg: str, start: int, num_tokens: int, blo
     if bool(bad.any()):
         i = int(torch.nonzero(bad)[0]) + start // block_size
         raise IndexError(f"{arg}[{i}] = {int(t[i])} is outside [0, num_blocks = {num_blocks})")
-    return t
+    return t.contiguous()

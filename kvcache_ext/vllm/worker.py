@@ -1,8 +1,9 @@
 """The connector's worker half (in vLLM's worker process, which owns the cache): the cache as a
 kvcache_ext plan registered with a kvcache_ext.nixl Endpoint, a side channel a consumer asks for
 the producer's metadata and for leave to read a prompt's blocks, and the reads themselves --
-kvc.TransferPlan(producer plan, own plan).token_spans between any two block sizes, one NIXL read
-per prompt, in a thread of its own so no engine step waits, every wait bounded by the timeout.
+Endpoint.read_tokens between any two block sizes (runs planned in compiled code from the plan
+pair kept per producer; staged and re-tiled in one pass where that is cheaper), one read per
+prompt, in a thread of its own so no engine step waits, every wait bounded by the timeout.
 
 A producer holds a finished prompt's blocks (vLLM frees them when get_transfer_results reports
 the request as sent) until the consumer releases them or the hold times out; a read the producer
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import nixl as kvc_nixl
-from ..transfer import TransferPlan
+from ..transfer import TransferPlan, spans_of_runs
 from .cache_plan import cache_of
 from .config import ConnectorConfig
 from .protocol import KvcacheExtMetadata, RecvSpec, Remote, WorkerAddress
@@ -202,7 +203,7 @@ class WorkerSide:
         t0 = time.monotonic()
         deadline = t0 + float(dbg.get("timeout_s", self.cfg.read_timeout_s))
         left = lambda: max(deadline - time.monotonic(), 0.001)  # noqa: E731
-        handle, spans, error, xfer = None, None, "", None
+        handle, error, xfer = None, "", None
         times: dict[str, float] = {}  # seconds of each stage, for the stats line
 
         def lap(stage: str, since: float) -> float:
@@ -233,17 +234,19 @@ class WorkerSide:
             t = lap("acquire_s", t)
             if not reply.get("ok"):
                 raise LoadError(f"the producer refused the read: {reply.get('why')}")
-            spans = TransferPlan(peer.plan, self.ep.plan).token_spans(
-                torch.tensor(r.block_ids, dtype=torch.int32),
-                torch.tensor(rs.local_block_ids, dtype=torch.int32), rs.count, rs.start, rs.start)
-            t = lap("plan_s", t)
-            handle = self.ep.read(peer, spans)
+            tables = (torch.tensor(r.block_ids, dtype=torch.int64),
+                      torch.tensor(rs.local_block_ids, dtype=torch.int64))
+            # runs planned in compiled code from the plan pair kept per producer (plan_s)
+            handle = self.ep.read_tokens(peer, *tables, rs.count, rs.start, rs.start)
             handle.wait(left())
             xfer = handle.stats
             handle = None
             lap("read_s", t)
+            times["plan_s"] = xfer.plan_s
+            times["read_s"] -= xfer.plan_s
             if dbg.get("corrupt"):  # the tokens must show it (tests): every value it read
-                self._negate(spans)  # negated, still finite
+                self._negate(spans_of_runs(self.ep.transfer_plan(peer).token_runs(
+                    *tables, rs.count, rs.start, rs.start)))  # negated, still finite
             with self._cond:
                 self._recv_done.add(rs.request_id)
             self._release_later(r)
@@ -267,11 +270,13 @@ class WorkerSide:
                 self._release_later(rs.remote)
         if self.cfg.stats_path:
             rec = {"request_id": rs.request_id, "start": rs.start, "tokens": rs.count,
-                   "spans": int(spans.shape[0]) if spans is not None else 0,
-                   "bytes": int(spans[:, 2].sum()) if spans is not None and len(spans) else 0,
+                   "runs": xfer.runs if xfer else 0, "spans": xfer.spans if xfer else 0,
+                   "bytes": xfer.bytes if xfer else 0,
                    "seconds": time.monotonic() - t0, **times, "ok": not error, "error": error,
                    "path": xfer.path if xfer else "", "pieces": xfer.pieces if xfer else 0,
-                   "staged_bytes": xfer.staged_bytes if xfer else 0}
+                   "staged_bytes": xfer.staged_bytes if xfer else 0,
+                   **({k: getattr(xfer, k) for k in ("build_s", "move_s", "unpack_s")}
+                      if xfer else {})}
             with self._cond, open(self.cfg.stats_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
 

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "ops/gather_args.h"
+#include "ops/runs.h"
 #include "ops/spans.h"
 #include "ops/v4_args.h"
 #include "ops/write_args.h"
@@ -173,6 +174,17 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans, int64
                                   Launch{});
 }
 
+// The one-launch run copy (the regroup): runs checked and cut into items as the op does.
+void copy_runs(const Tensor& src, const Tensor& dst, const Tensor& runs, int64_t chunk) {
+  const int64_t n = runs.size(0);
+  const int64_t* r = runs.data_ptr<int64_t>();
+  kvc::ops::check_run_rows(r, n, src.numel(), dst.numel(), "runs");
+  const Tensor items = kvc::ops::run_items(r, n, chunk);
+  kvc::cuda::dispatch_copy_run_items({src.data_ptr<uint8_t>(), dst.data_ptr<uint8_t>(),
+                                      items.data_ptr<int64_t>(), items.size(0)},
+                                     Launch{});
+}
+
 // Device helpers whose GPU-only callers the host path does not reach, checked on their own.
 Tensor canonical_nan_codes(const Tensor& words) {
   Tensor out = words.clone();
@@ -211,6 +223,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("cu_seq_lens"), pybind11::arg("seq_starts"), pybind11::arg("out"),
         pybind11::arg("scale"), pybind11::arg("slots") = std::nullopt);
   m.def("copy_spans", &copy_spans);
+  m.def("copy_runs", &copy_runs);
   m.def("v4_mla_quant_and_cache", &v4_mla_quant_and_cache, pybind11::arg("kv"), pybind11::arg("view"),
         pybind11::arg("slot_mapping"), pybind11::arg("scale_floor") = "amax",
         pybind11::arg("format") = "fp8_ds_mla_v4", pybind11::arg("subnormals") = "keep");

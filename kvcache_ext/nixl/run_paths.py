@@ -1,0 +1,187 @@
+"""The paths a transfer given strided runs [R, 6] takes (a TransferPlan's token_runs; paths.py
+has those of span lists): "strided" posts the runs as they are (one NIXL index per piece),
+"plain" and "prepared" their pieces as spans, and "staged" (reads) does what this module is for.
+
+A staged read of runs: the peer's bytes the runs read,
+merged into extents, read into a registered staging buffer with one descriptor per extent, then
+re-tiled into the cache by one copy_runs per part (csrc/ops/copy.cpp: one parallel loop over
+the runs' pieces) on the unpack thread while the next part is read. What a block-size change
+between channel-major pages needs: its pieces are short (a channel's tokens of one block), but
+they lie side by side in the peer's buffer, so the read is a few large descriptors and the
+regroup one pass over the staged bytes.
+
+Parts are cut only where no run's source bytes straddle the cut (a run is unpacked whole, from
+one part), at about STAGE_PART_BYTES; a run whose source pieces lie more than STAGE_GAP_BYTES
+apart (one step per layer, say) is staged piece by piece, so no gap is read for it.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..ops.library import ops as _ops
+from .handle import Part
+from ..transfer import merge_spans, spans_of_runs
+from . import paths
+from .paths import AUTO_MIN_SPANS, DESC_S, READ_BYTES_PER_S, _descs, _lap
+
+# Re-tiling staged bytes (copy_runs, beside the next part's read): about 1 / 6 GB/s, plus a few
+# ns per piece (benchmarks/results/regroup_cpu.md); posting a piece costs DESC_S.
+REGROUP_BYTES_PER_S = 6e9
+REGROUP_PIECE_S = 2e-8
+
+
+@dataclass
+class RunStage:
+    """Runs sorted by their first source byte, each with its place in the staging stream (the
+    extents laid end to end) and its part."""
+
+    runs: np.ndarray      # [n, 6] (remote offset, local offset, length, strides, count)
+    stream: np.ndarray    # each run's first source byte in the stream
+    e_start: np.ndarray   # extents: first remote byte, length, place in the stream
+    e_len: np.ndarray
+    e_stream: np.ndarray
+    part: np.ndarray      # each run's part
+    bounds: np.ndarray    # the parts' stream ranges: part p is [bounds[p], bounds[p + 1])
+
+    @property
+    def total(self) -> int:
+        return int(self.e_len.sum())
+
+
+def _pieces_of_far_runs(r: np.ndarray, gap: int) -> np.ndarray:
+    far = (r[:, 5] > 1) & (r[:, 3] - r[:, 2] > gap)
+    if not bool(far.any()):
+        return r
+    f = r[far]
+    cnt = f[:, 5]
+    which = np.repeat(np.arange(f.shape[0]), cnt)
+    j = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    g = f[which].copy()
+    g[:, 0] += j * g[:, 3]
+    g[:, 1] += j * g[:, 4]
+    g[:, 3] = g[:, 4] = g[:, 2]
+    g[:, 5] = 1
+    return np.concatenate([r[~far], g])
+
+
+def stage_runs(runs: np.ndarray, gap: int | None = None,
+               part_bytes: int | None = None) -> RunStage:
+    """Where each run's source bytes go in the staging stream and in which part (runs with a
+    length > 0, checked); gap and part_bytes: paths.STAGE_GAP_BYTES, STAGE_PART_BYTES."""
+    gap = paths.STAGE_GAP_BYTES if gap is None else gap
+    part_bytes = paths.STAGE_PART_BYTES if part_bytes is None else part_bytes
+    r = _pieces_of_far_runs(runs, gap)
+    begin = r[:, 0]
+    order = np.argsort(begin, kind="stable")
+    r, begin = r[order], begin[order]
+    end = begin + (r[:, 5] - 1) * r[:, 3] + r[:, 2]
+    reach = np.maximum.accumulate(end)
+    prev = np.concatenate([[begin[0]], reach[:-1]])
+    free_cut = begin >= prev          # no earlier run's source reaches past this run's start
+    new = begin > prev + gap
+    new[0] = True
+    eid = np.cumsum(new) - 1
+    first = np.flatnonzero(new)
+    e_start = begin[first]
+    e_len = np.maximum.reduceat(end, first) - e_start
+    e_stream = np.cumsum(e_len) - e_len
+    stream = e_stream[eid] + (begin - e_start[eid])
+    cut_run = np.maximum.accumulate(np.where(free_cut, np.arange(r.shape[0]), 0))
+    cut_at = stream[cut_run]          # the stream position of the last allowed cut so far
+    _, part = np.unique(cut_at // part_bytes, return_inverse=True)
+    part = part.reshape(-1)
+    firsts = np.searchsorted(part, np.arange(int(part[-1]) + 1))
+    bounds = np.append(cut_at[firsts], int(e_len.sum()))
+    return RunStage(r, stream, e_start, e_len, e_stream, part, bounds)
+
+
+def staged_cost(st: RunStage, pieces: int, nbytes: int) -> float:
+    """Seconds a staged read of these runs takes in the cost model (paths.py's, with the
+    regroup in place of copy_spans' unpack)."""
+    return (st.e_len.size * DESC_S + (st.total - nbytes) / READ_BYTES_PER_S
+            + nbytes / REGROUP_BYTES_PER_S + pieces * REGROUP_PIECE_S)
+
+
+def staged_run_parts(ep, peer, st: RunStage, stats):
+    """The parts of a staged read of st's runs: part p is one NIXL read of its extent pieces into
+    staging half p % 2, then one copy_runs of its runs out of that half (on the unpack thread,
+    beside the next part's read). -> (parts, the callable returning the staging buffer)."""
+    t0 = time.perf_counter()
+    stats.staged_bytes = total = st.total
+    n_parts = st.bounds.size - 1
+    sizes = np.diff(st.bounds)
+    half = int(sizes.max())
+    staging = ep._staging(half * (2 if n_parts > 1 else 1))
+    # the stream cut at every extent start and part bound: NIXL's descriptors, one part each
+    cuts = np.union1d(st.e_stream, st.bounds[:-1])
+    seg_len = np.diff(np.append(cuts, total))
+    e = np.searchsorted(st.e_stream, cuts, side="right") - 1
+    seg_src = st.e_start[e] + (cuts - st.e_stream[e])
+    seg_part = np.searchsorted(st.bounds, cuts, side="right") - 1
+    seg_stage = (seg_part % 2) * half + (cuts - st.bounds[seg_part])
+    seg_bounds = np.searchsorted(seg_part, np.arange(n_parts + 1))
+    # the runs rebased onto the staging buffer
+    r = st.runs.copy()
+    r[:, 0] = (st.part % 2) * half + (st.stream - st.bounds[st.part])
+    run_bounds = np.searchsorted(st.part, np.arange(n_parts + 1))
+    _lap(stats, "lists_s", t0)
+    base, cache = staging.data_ptr(), ep.cache.buffer
+    parts = []
+    for p in range(n_parts):
+        e_sel = slice(int(seg_bounds[p]), int(seg_bounds[p + 1]))
+        p_runs = torch.from_numpy(np.ascontiguousarray(r[run_bounds[p]:run_bounds[p + 1]]))
+
+        def make(e_sel=e_sel):
+            t = time.perf_counter()
+            local = _descs(base, seg_stage[e_sel], seg_len[e_sel], ep._device_id)
+            remote = _descs(peer.address, seg_src[e_sel], seg_len[e_sel], peer.device_id)
+            t = _lap(stats, "lists_s", t)
+            with ep._lock:
+                a = ep._agent
+                xfer = a.initialize_xfer("READ", a.get_xfer_descs(local, ep._mem_type),
+                                         a.get_xfer_descs(remote, peer.mem_type), peer.name)
+            _lap(stats, "prep_s", t)
+            return xfer, int(seg_len[e_sel].size)
+
+        def regroup(p_runs=p_runs):
+            _ops.copy_runs(staging, cache, p_runs)
+        parts.append(Part(make, after=regroup, overlap=n_parts > 1))
+    return parts, lambda: ep._return_staging(staging)
+
+
+def run_parts(ep, peer, op: str, runs: np.ndarray, path: str, stats):
+    """The parts of a transfer of checked runs (length > 0; remote first for reads): auto
+    stages a read when the cost model says its extents, gaps and regroup cost clearly less than
+    posting its pieces, else posts them. -> (path, parts, on_end)."""
+    t = time.perf_counter()
+    st = None
+    if path == "auto":
+        path = "plain"
+        if op == "READ" and stats.spans >= AUTO_MIN_SPANS:
+            st = stage_runs(runs)
+            if staged_cost(st, stats.spans, stats.bytes) < 0.8 * stats.spans * DESC_S:
+                path = "staged"
+    if path == "staged":
+        if st is None:
+            st = stage_runs(runs)
+        _lap(stats, "lists_s", t)
+        return (path, *staged_run_parts(ep, peer, st, stats))
+    if path == "strided":
+        _lap(stats, "lists_s", t)
+        return path, paths.strided_parts(ep, peer, op, runs, stats), None
+    spans = spans_of_runs(torch.from_numpy(runs))
+    s = merge_spans(spans[:, 0], spans[:, 1], spans[:, 2]).numpy()
+    remote_off, local_off = (s[:, 0], s[:, 1]) if op == "READ" else (s[:, 1], s[:, 0])
+    _lap(stats, "lists_s", t)
+    if path == "prepared":
+        g = paths.granule(local_off, remote_off, s[:, 2])
+        if not paths.prepared_fits(ep.cache.buffer.numel(), peer.nbytes, stats.bytes, g):
+            raise ValueError(f"path='prepared': the runs' offsets and lengths share a granule of "
+                             f"only {g} B: use 'strided' or 'staged'")
+        return path, paths.prepared_parts(ep, peer, op, local_off, remote_off, s[:, 2], g,
+                                          stats), None
+    return path, paths.plain_parts(ep, peer, op, local_off, remote_off, s[:, 2], stats), None

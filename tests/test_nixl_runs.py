@@ -1,0 +1,110 @@
+"""NIXL reads of strided runs (Endpoint.read_tokens; run_paths.py): vLLM-CPU's channel-major
+K pages between block sizes 32 and 64, both ways, through every path -- staged in one part and
+in many (the regroup by copy_runs out of the staging halves), strided, plain, prepared, auto --
+give exactly the bytes of a local copy_spans of token_spans into a poisoned cache; auto stages
+the many short pieces of a block-size change and reads a block-outer move straight into place;
+the plan pair is made once per peer and dropped with it; stats carry the plan and the regroup.
+
+Both Endpoints live in this process. Without nixl these tests skip, unless KVC_REQUIRE_NIXL=1."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
+
+import kvcache_ext as kvc  # noqa: E402
+
+try:
+    import kvcache_ext.nixl as kn  # noqa: E402
+except ImportError as e:  # pragma: no cover
+    if os.environ.get("KVC_REQUIRE_NIXL") == "1":
+        raise
+    pytest.skip(f"nixl is not installed ({e}); pip install nixl==1.5.1", allow_module_level=True)
+
+WAIT_S = 30
+TOKENS = 1000
+POISON = 0xA5
+
+
+def vllm_cpu_plan(block_size: int, num_blocks: int) -> kvc.CachePlan:
+    """vLLM-CPU's page per (block, head): K [head_dim, block] (fp32 channel-major), then V."""
+    d = 64 * 4
+    return kvc.plan_cache([kvc.CacheSpec("kv", 2 * d, 4, 2, split=(d, d), channel_major=4)],
+                          num_blocks, block_size, "LBHNC")
+
+
+def pair(ns: int, nd: int):
+    src = kvc.allocate(vllm_cpu_plan(ns, 2 * TOKENS // ns + 3))
+    src.buffer.copy_(torch.randint(0, 256, src.buffer.shape, dtype=torch.uint8,
+                                   generator=torch.Generator().manual_seed(ns)))
+    g = torch.Generator().manual_seed(nd)
+    st = torch.randperm(src.plan.num_blocks, generator=g)
+    dst_plan = vllm_cpu_plan(nd, 2 * TOKENS // nd + 3)
+    dt = torch.randperm(dst_plan.num_blocks, generator=g)
+    return src, dst_plan, st, dt
+
+
+@pytest.mark.parametrize("ns,nd", [(32, 64), (64, 32)])
+def test_every_path_reads_the_copy_spans_bytes(ns, nd, monkeypatch):
+    src, dst_plan, st, dt = pair(ns, nd)
+    spans = kvc.TransferPlan(src.plan, dst_plan).token_spans(st, dt, TOKENS, 5, 3)
+    want = kvc.allocate(dst_plan)
+    want.buffer.fill_(POISON)
+    kvc.copy_spans(src, want, spans)
+    with kn.Endpoint("runs-src", src) as a, kn.Endpoint("runs-dst", kvc.allocate(dst_plan)) as b:
+        peer = b.add_peer(a.metadata())
+        cases = [("staged", kn.paths.STAGE_PART_BYTES), ("staged", 40_000), ("strided", None),
+                 ("plain", None), ("prepared", None), ("auto", None)]
+        for path, part in cases:
+            if part is not None:
+                monkeypatch.setattr(kn.paths, "STAGE_PART_BYTES", part)
+            b.cache.buffer.fill_(POISON)
+            h = b.read_tokens(peer, st, dt, TOKENS, 5, 3, path=path)
+            h.wait(WAIT_S)
+            assert torch.equal(b.cache.buffer, want.buffer), (path, part)
+            s = h.stats
+            assert s.path == ("staged" if path == "auto" else path)
+            assert s.bytes == int(spans[:, 2].sum()) and s.spans >= spans.shape[0]
+            assert 0 < s.runs < spans.shape[0] // 20 and 0 < s.plan_s < 1
+            if s.path == "staged":
+                # a few extents posted, the short pieces re-tiled from the staging buffer
+                assert s.pieces < s.runs and s.unpack_s > 0 and s.staged_bytes >= s.bytes
+                # one part of the default size; parts of about 40 kB, cut only between runs
+                assert (s.parts == 1) if s.staged_bytes < kn.paths.STAGE_PART_BYTES else (
+                    s.staged_bytes / 40_000 / 2 < s.parts <= s.staged_bytes / 40_000 + 1)
+        assert b.transfer_plan(peer) is b.transfer_plan(peer)  # once per peer
+        b.remove_peer(peer)
+        assert not b._xplans
+
+
+def test_auto_reads_block_outer_moves_in_place():
+    """Whole blocks between block-outer plans of one block size: a few long pieces, which auto
+    posts as they are (plain), not through the staging buffer."""
+    spec = kvc.CacheSpec("mla", 656, 4)
+    src = kvc.allocate(kvc.plan_cache([spec], 64, 64, "BLHNC"), fill=3)
+    dst_plan = kvc.plan_cache([spec], 64, 64, "BLNHC")
+    t = torch.arange(64)
+    with kn.Endpoint("bo-src", src) as a, kn.Endpoint("bo-dst", kvc.allocate(dst_plan)) as b:
+        peer = b.add_peer(a.metadata())
+        h = b.read_tokens(peer, t, t.flip(0), 64 * 64)
+        h.wait(WAIT_S)
+        assert h.stats.path == "plain" and h.stats.staged_bytes == 0
+        assert bool((b.cache.buffer == 3).all())
+
+
+def test_runs_are_checked_before_anything_is_posted():
+    src, dst_plan, st, dt = pair(32, 64)
+    with kn.Endpoint("chk-src", src) as a, kn.Endpoint("chk-dst", kvc.allocate(dst_plan)) as b:
+        peer = b.add_peer(a.metadata())
+        b.cache.buffer.fill_(POISON)
+        bad = torch.tensor([[0, 0, 64, 64, 128, 4], [0, 96, 64, 64, 128, 2]])
+        with pytest.raises(ValueError, match="overlapping destination"):
+            b.read(peer, bad)
+        with pytest.raises(IndexError, match="source pieces must lie in"):
+            b.read(peer, torch.tensor([[a.cache.buffer.numel(), 0, 8, 8, 8, 1]]))
+        with pytest.raises(IndexError):
+            b.read_tokens(peer, st[:2], dt, TOKENS)
+        assert bool((b.cache.buffer == POISON).all())
