@@ -108,3 +108,24 @@ def test_runs_are_checked_before_anything_is_posted():
         with pytest.raises(IndexError):
             b.read_tokens(peer, st[:2], dt, TOKENS)
         assert bool((b.cache.buffer == POISON).all())
+
+
+def test_reads_of_many_parts_loop_rather_than_recurse(monkeypatch):
+    """A loopback read finishes inside its posting call, so each part posted the next from
+    within the last: a staged read of ~2,000 parts (spans) or 512 (runs) exhausted Python's
+    stack (RecursionError). Parts are now posted by a loop; the bytes are copy_spans'."""
+    src, dst_plan, st, dt = pair(32, 64)
+    spans = kvc.TransferPlan(src.plan, dst_plan).token_spans(st, dt, TOKENS)
+    want = kvc.allocate(dst_plan)
+    want.buffer.fill_(POISON)
+    kvc.copy_spans(src, want, spans)
+    with kn.Endpoint("many-src", src) as a, kn.Endpoint("many-dst", kvc.allocate(dst_plan)) as b:
+        peer = b.add_peer(a.metadata())
+        monkeypatch.setattr(kn.paths, "STAGE_PART_BYTES", 2048)
+        for read in (lambda: b.read(peer, spans, path="staged"),
+                     lambda: b.read_tokens(peer, st, dt, TOKENS, path="staged")):
+            b.cache.buffer.fill_(POISON)
+            h = read()
+            h.wait(WAIT_S)
+            assert h.stats.parts > 500
+            assert torch.equal(b.cache.buffer, want.buffer)

@@ -101,9 +101,17 @@ class TransferHandle:
         return self._current.xfer if self._current is not None else None
 
     def _post_next(self, since: float | None = None) -> None:
+        """Post the next part, and the ones after it while each finishes as it is posted (a
+        loopback read moves its bytes inside the posting call): a loop, not a recursion, so a
+        read of thousands of parts does not exhaust Python's stack."""
+        while self._post_one(since):
+            since = None
+
+    def _post_one(self, since: float | None) -> bool:
         """Create and post the next part (NixlError when NIXL refuses or fails it); since: when
         the transfer's checks began (its first part's build time counts from there). Part j
-        reuses the staging half of part j - 2: that part's unpack must have finished."""
+        reuses the staging half of part j - 2: that part's unpack must have finished. -> True
+        when it finished at once and another part is to be posted."""
         if self._next >= 2 and len(self._unpacks) >= self._next - 1:
             self._unpacks[self._next - 2].result()
         if self._ep._peer_removed(self.peer):
@@ -135,8 +143,7 @@ class TransferHandle:
             self._end()
             raise NixlError(f"NIXL {self.op} of {self.spans} spans with peer {self.peer.name!r} "
                             f"failed when posted")
-        if state != "PROC":
-            self._complete_part()
+        return state != "PROC" and self._complete_part(post_next=False)
 
     def _finish_part(self, ok: bool) -> None:
         part, self._current = self._current, None
@@ -148,7 +155,9 @@ class TransferHandle:
         if part.cleanup is not None:
             part.cleanup()
 
-    def _complete_part(self) -> None:
+    def _complete_part(self, post_next: bool = True) -> bool:
+        """The current part is done: its unpack runs (or is queued), then the next part is
+        posted (post_next) -- or, returning True, left to the caller's loop."""
         part = self._current
         self._finish_part(ok=True)
         if part.after is not None:
@@ -157,10 +166,13 @@ class TransferHandle:
             else:
                 self._timed(part.after)
         if self._next < len(self._parts):
+            if not post_next:
+                return True
             self._post_next()
         else:
             self._reads_done = True
             self._settle()
+        return False
 
     def _timed(self, fn: Callable[[], None]) -> None:
         t = time.perf_counter()
