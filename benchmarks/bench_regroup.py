@@ -85,13 +85,18 @@ def case(ns: int, nd: int, tokens: int, repeats: int, nixl: bool) -> dict:
     dst, dst2 = kvc.allocate(b, fill=0), kvc.allocate(b, fill=0)
     flat_src = torch.empty(nbytes, dtype=torch.uint8).copy_(src.buffer[:nbytes])
     flat_dst = torch.empty(nbytes, dtype=torch.uint8)
-    t = interleaved({"regroup": lambda: kvc.copy_runs(src, dst, runs),
-                     "copy_spans": lambda: kvc.copy_spans(src, dst2, spans),
-                     "memcpy": lambda: flat_dst.copy_(flat_src)}, repeats)
-    assert torch.equal(dst.buffer, dst2.buffer), "copy_runs and copy_spans differ"
-    out.update({f"{k}_s": v for k, v in t.items()})
-    out.update({f"{k}_gbps": nbytes / v / 1e9 for k, v in t.items()})
-    out["regroup_vs_memcpy"] = t["memcpy"] / t["regroup"]
+    threads = torch.get_num_threads()
+    for n in sorted({threads, 1}, reverse=True):  # all threads, and one (a vLLM-CPU worker's)
+        torch.set_num_threads(n)
+        t = interleaved({"regroup": lambda: kvc.copy_runs(src, dst, runs),
+                         "copy_spans": lambda: kvc.copy_spans(src, dst2, spans),
+                         "memcpy": lambda: flat_dst.copy_(flat_src)}, repeats)
+        assert torch.equal(dst.buffer, dst2.buffer), "copy_runs and copy_spans differ"
+        sfx = "" if n == threads else "_1t"
+        out.update({f"{k}{sfx}_s": v for k, v in t.items()})
+        out.update({f"{k}{sfx}_gbps": nbytes / v / 1e9 for k, v in t.items()})
+        out[f"regroup_vs_memcpy{sfx}"] = t["memcpy"] / t["regroup"]
+    torch.set_num_threads(threads)
     if nixl:
         out.update(nixl_case(src, b, ta, tb, tokens, nbytes, repeats, dst2))
     return out
@@ -142,6 +147,14 @@ def markdown(m: dict, rows: list[dict]) -> str:
                      f"{r['plan_runs_s'] * 1e3:.2f} ms | {r['plan_spans_s'] * 1e3:.1f} ms | "
                      f"{r['regroup_gbps']:.2f} GB/s | {r['copy_spans_gbps']:.2f} GB/s | "
                      f"{r['memcpy_gbps']:.2f} GB/s | {r['regroup_vs_memcpy']:.0%} |")
+    if "regroup_1t_gbps" in rows[0]:
+        lines += ["", "The same copies on one thread (what a vLLM-CPU worker pinned to one core "
+                  "has):", "", "| P -> D block | regroup (copy_runs) | copy_spans | memcpy | "
+                  "regroup / memcpy |", "|---|---:|---:|---:|---:|"]
+        for r in rows:
+            lines.append(f"| {r['case']} | {r['regroup_1t_gbps']:.2f} GB/s | "
+                         f"{r['copy_spans_1t_gbps']:.2f} GB/s | {r['memcpy_1t_gbps']:.2f} GB/s | "
+                         f"{r['regroup_vs_memcpy_1t']:.0%} |")
     if "nixl_read_s" in rows[0]:
         lines += ["", "NIXL (Endpoint.read_tokens, two Endpoints in one process, UCX on "
                   "loopback), medians; the large read: one descriptor of the same bytes:", "",

@@ -34,10 +34,22 @@ void copy_chunks(const CopyParams& p) {
 
 namespace kvc::cpu {
 
+namespace {
+
+// count pieces of len bytes (a multiple of W) as W-byte moves the compiler inlines: the regroup
+// of a channel-major page is 64..512-B pieces, where a call of memcpy per piece costs as much
+// as its bytes.
+template <int W>
+void copy_pieces(const uint8_t* from, uint8_t* to, int64_t len, int64_t sa, int64_t sb,
+                 int64_t count) {
+  for (int64_t j = 0; j < count; ++j, from += sa, to += sb)
+    for (int64_t k = 0; k < len; k += W) std::memcpy(to + k, from + k, W);
+}
+
+}  // namespace
+
 // The CPU loop of copy_runs: every item's pieces in order, items in parallel (the op layer cut
-// them to about kCpuCopyChunkBytes each, so equal items are equal work). A piece is one memcpy:
-// the regroup of a channel-major page moves 64..512-B pieces, where glibc's small-size copies
-// keep up with the memory system.
+// them to about kCpuCopyChunkBytes each, so equal items are equal work).
 void copy_run_items(const RunCopyParams& p) {
   const int64_t* r = p.items;
   at::parallel_for(0, p.num_items, 4, [&](int64_t begin, int64_t end) {
@@ -46,7 +58,12 @@ void copy_run_items(const RunCopyParams& p) {
       const uint8_t* from = p.src + c[0];
       uint8_t* to = p.dst + c[1];
       const int64_t len = c[2], sa = c[3], sb = c[4], count = c[5];
-      for (int64_t j = 0; j < count; ++j, from += sa, to += sb) std::memcpy(to, from, len);
+      if (count > 1 && len <= 1024 && len % 32 == 0)
+        copy_pieces<32>(from, to, len, sa, sb, count);
+      else if (count > 1 && len <= 1024 && len % 8 == 0)
+        copy_pieces<8>(from, to, len, sa, sb, count);
+      else
+        for (int64_t j = 0; j < count; ++j, from += sa, to += sb) std::memcpy(to, from, len);
     }
   });
 }
