@@ -31,15 +31,31 @@ void record_pinned_use(const Tensor& host, const Tensor& gpu) {
       ->record_event(data.get(), data.get_context(), impl.getStream(gpu.device()));
 }
 
-}  // namespace
-
-void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
-  NvtxRange range("kvc::copy_spans");
+void check_buffers(const Tensor& src, const Tensor& dst) {
   TORCH_CHECK_TYPE(src.scalar_type() == at::kByte && dst.scalar_type() == at::kByte,
                    "src and dst must be uint8 buffers, got ", src.scalar_type(), " and ",
                    dst.scalar_type());
   TORCH_CHECK_VALUE(src.dim() == 1 && dst.dim() == 1 && src.is_contiguous() && dst.is_contiguous(),
                     "src and dst must be contiguous 1-D buffers");
+}
+
+// A GPU copy: the GPU buffer, after checking that the pair is one GPU and pinned host memory.
+const Tensor& gpu_of(const Tensor& src, const Tensor& dst) {
+  TORCH_CHECK_VALUE(src.is_cpu() || dst.is_cpu() || src.device() == dst.device(),
+                    "src and dst on two GPUs are not supported, got ", src.device(), " and ",
+                    dst.device());
+  for (const Tensor* host : {&src, &dst})
+    TORCH_CHECK_VALUE(!host->is_cpu() || host->is_pinned(), host == &src ? "src" : "dst",
+                      " is in pageable CPU memory: a GPU copy needs pinned memory "
+                      "(kvc.allocate(..., pin_memory=True))");
+  return dst.is_cpu() ? src : dst;
+}
+
+}  // namespace
+
+void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
+  NvtxRange range("kvc::copy_spans");
+  check_buffers(src, dst);
   const int64_t* s = spans_arg(spans);
   const int64_t n = spans.size(0);
   const uint8_t* from = src.data_ptr<uint8_t>();
@@ -55,13 +71,7 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
     cpu::copy_chunks({from, to, chunks.data_ptr<int64_t>(), chunks.size(0)});
     return;
   }
-  const Tensor& gpu = dst.is_cpu() ? src : dst;
-  TORCH_CHECK_VALUE(src.is_cpu() || dst.is_cpu() || one_space,
-                    "src and dst on two GPUs are not supported, got ", src.device(), " and ", dst.device());
-  for (const Tensor* host : {&src, &dst})
-    TORCH_CHECK_VALUE(!host->is_cpu() || host->is_pinned(), host == &src ? "src" : "dst",
-                      " is in pageable CPU memory: a GPU copy needs pinned memory "
-                      "(kvc.allocate(..., pin_memory=True))");
+  const Tensor& gpu = gpu_of(src, dst);
   c10::DeviceGuard guard(gpu.device());
   // The chunk table travels to the GPU on the copy's stream, from pinned memory.
   const Tensor chunks = chunk_spans(s, n, kCopyChunkBytes).pin_memory().to(gpu.device(), true);
@@ -74,11 +84,7 @@ void copy_spans(const Tensor& src, const Tensor& dst, const Tensor& spans) {
 // byte moves), in one parallel CPU loop or one CUDA launch (GPU <-> GPU, GPU <-> pinned CPU).
 void copy_runs(const Tensor& src, const Tensor& dst, const Tensor& runs) {
   NvtxRange range("kvc::copy_runs");
-  TORCH_CHECK_TYPE(src.scalar_type() == at::kByte && dst.scalar_type() == at::kByte,
-                   "src and dst must be uint8 buffers, got ", src.scalar_type(), " and ",
-                   dst.scalar_type());
-  TORCH_CHECK_VALUE(src.dim() == 1 && dst.dim() == 1 && src.is_contiguous() && dst.is_contiguous(),
-                    "src and dst must be contiguous 1-D buffers");
+  check_buffers(src, dst);
   const int64_t* r = rows_arg(runs, 6, "runs");
   const int64_t n = runs.size(0);
   const uint8_t* from = src.data_ptr<uint8_t>();
@@ -93,14 +99,7 @@ void copy_runs(const Tensor& src, const Tensor& dst, const Tensor& runs) {
     cpu::copy_run_items({from, to, items.data_ptr<int64_t>(), items.size(0)});
     return;
   }
-  const Tensor& gpu = dst.is_cpu() ? src : dst;
-  TORCH_CHECK_VALUE(src.is_cpu() || dst.is_cpu() || src.device() == dst.device(),
-                    "src and dst on two GPUs are not supported, got ", src.device(), " and ",
-                    dst.device());
-  for (const Tensor* host : {&src, &dst})
-    TORCH_CHECK_VALUE(!host->is_cpu() || host->is_pinned(), host == &src ? "src" : "dst",
-                      " is in pageable CPU memory: a GPU copy needs pinned memory "
-                      "(kvc.allocate(..., pin_memory=True))");
+  const Tensor& gpu = gpu_of(src, dst);
   c10::DeviceGuard guard(gpu.device());
   const Tensor items = run_items(r, n, kCopyChunkBytes).pin_memory().to(gpu.device(), true);
   KVC_CUDA(cuda::copy_run_items({from, to, items.data_ptr<int64_t>(), items.size(0)},

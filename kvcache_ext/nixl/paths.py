@@ -176,6 +176,23 @@ def strided_parts(ep, peer, op: str, runs: np.ndarray, stats) -> list[Part]:
     return [Part(make, cleanup=cleanup)]
 
 
+def stage_read(ep, peer, base: int, stage_off, remote_off, lengths, stats):
+    """make() of a staged part: one NIXL read of the peer's pieces into the staging buffer at
+    `base`, one descriptor each."""
+    def make():
+        t = time.perf_counter()
+        local = _descs(base, stage_off, lengths, ep._device_id)
+        remote = _descs(peer.address, remote_off, lengths, peer.device_id)
+        t = _lap(stats, "lists_s", t)
+        with ep._lock:
+            a = ep._agent
+            xfer = a.initialize_xfer("READ", a.get_xfer_descs(local, ep._mem_type),
+                                     a.get_xfer_descs(remote, peer.mem_type), peer.name)
+        _lap(stats, "prep_s", t)
+        return xfer, int(lengths.size)
+    return make
+
+
 def _cut(stream: np.ndarray, lengths: np.ndarray, part: int):
     """Ranges [stream, stream + length) of the staging stream cut at every multiple of `part`:
     (which range, offset into it, length, part) of each piece."""
@@ -223,17 +240,7 @@ def staged_parts(ep, peer, remote_off, local_off, lengths, stats):
         e_sel = np.arange(seg_bounds[p], seg_bounds[p + 1])
         s_sel = v_order[v_bounds[p]:v_bounds[p + 1]]
 
-        def make(e_sel=e_sel):
-            t = time.perf_counter()
-            local = _descs(base, seg_stage[e_sel], seg_len[e_sel], ep._device_id)
-            remote = _descs(peer.address, seg_src[e_sel], seg_len[e_sel], peer.device_id)
-            t = _lap(stats, "lists_s", t)
-            with ep._lock:
-                a = ep._agent
-                xfer = a.initialize_xfer("READ", a.get_xfer_descs(local, ep._mem_type),
-                                         a.get_xfer_descs(remote, peer.mem_type), peer.name)
-            _lap(stats, "prep_s", t)
-            return xfer, int(e_sel.size)
+        make = stage_read(ep, peer, base, seg_stage[e_sel], seg_src[e_sel], seg_len[e_sel], stats)
 
         def unpack(s_sel=s_sel):
             import torch

@@ -26,7 +26,7 @@ from ..ops.library import ops as _ops
 from .handle import Part
 from ..transfer import merge_spans, spans_of_runs
 from . import paths
-from .paths import AUTO_MIN_SPANS, DESC_S, READ_BYTES_PER_S, _descs, _lap
+from .paths import AUTO_MIN_SPANS, DESC_S, READ_BYTES_PER_S, _lap
 
 # Re-tiling staged bytes (copy_runs, beside the next part's read): about 1 / 6 GB/s, plus a few
 # ns per piece (benchmarks/results/regroup_cpu.md); posting a piece costs DESC_S.
@@ -135,17 +135,8 @@ def staged_run_parts(ep, peer, st: RunStage, stats):
         e_sel = slice(int(seg_bounds[p]), int(seg_bounds[p + 1]))
         p_runs = torch.from_numpy(np.ascontiguousarray(r[run_bounds[p]:run_bounds[p + 1]]))
 
-        def make(e_sel=e_sel):
-            t = time.perf_counter()
-            local = _descs(base, seg_stage[e_sel], seg_len[e_sel], ep._device_id)
-            remote = _descs(peer.address, seg_src[e_sel], seg_len[e_sel], peer.device_id)
-            t = _lap(stats, "lists_s", t)
-            with ep._lock:
-                a = ep._agent
-                xfer = a.initialize_xfer("READ", a.get_xfer_descs(local, ep._mem_type),
-                                         a.get_xfer_descs(remote, peer.mem_type), peer.name)
-            _lap(stats, "prep_s", t)
-            return xfer, int(seg_len[e_sel].size)
+        make = paths.stage_read(ep, peer, base, seg_stage[e_sel], seg_src[e_sel],
+                                seg_len[e_sel], stats)
 
         def regroup(p_runs=p_runs):
             _ops.copy_runs(staging, cache, p_runs)

@@ -228,10 +228,10 @@ class TransferPlan:
             return torch.zeros(0, 6, dtype=torch.int64)
         sp, dp = self.src_plan, self.dst_plan
         ns, nd = sp.block_size, dp.block_size
-        src_table = _check_table(src_block_table, "src_block_table", src_start, num_tokens, ns,
-                                 sp.num_blocks)
-        dst_table = _check_table(dst_block_table, "dst_block_table", dst_start, num_tokens, nd,
-                                 dp.num_blocks)
+        # the op checks the entries the tokens use (IndexError naming the entry): here only the
+        # form, so a request's planning stays a few torch calls
+        src_table = _table_form(src_block_table, "src_block_table", src_start, num_tokens, ns)
+        dst_table = _table_form(dst_block_table, "dst_block_table", dst_start, num_tokens, nd)
         # chunks break at either side's blocks: at most the blocks touched on both, less one
         chunks = ((src_start + num_tokens - 1) // ns - src_start // ns
                   + (dst_start + num_tokens - 1) // nd - dst_start // nd + 1)
@@ -331,9 +331,9 @@ def _check_pairs(block_pairs: torch.Tensor, arg: str, src_blocks: int,
     return pairs
 
 
-def _check_table(table: torch.Tensor, arg: str, start: int, num_tokens: int, block_size: int,
-                 num_blocks: int) -> torch.Tensor:
-    """The block table as int64 [M] on the CPU; the blocks the tokens use must be in range."""
+def _table_form(table: torch.Tensor, arg: str, start: int, num_tokens: int,
+                block_size: int) -> torch.Tensor:
+    """The block table as a contiguous int64 [M] CPU tensor, long enough for the tokens."""
     if not isinstance(table, torch.Tensor) or table.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{arg} must be an int32 (or int64) tensor [M]")
     if table.dim() != 1:
@@ -342,10 +342,17 @@ def _check_table(table: torch.Tensor, arg: str, start: int, num_tokens: int, blo
     if last >= table.numel():
         raise IndexError(f"{arg} has {table.numel()} entries, but tokens up to "
                          f"{start + num_tokens - 1} (block size {block_size}) need {last + 1}")
-    t = table.to("cpu", torch.int64)
+    return table.to("cpu", torch.int64).contiguous()
+
+
+def _check_table(table: torch.Tensor, arg: str, start: int, num_tokens: int, block_size: int,
+                 num_blocks: int) -> torch.Tensor:
+    """The block table as int64 [M] on the CPU; the blocks the tokens use must be in range."""
+    t = _table_form(table, arg, start, num_tokens, block_size)
+    last = (start + num_tokens - 1) // block_size
     used = t[start // block_size:last + 1]
     bad = (used < 0) | (used >= num_blocks)
     if bool(bad.any()):
         i = int(torch.nonzero(bad)[0]) + start // block_size
         raise IndexError(f"{arg}[{i}] = {int(t[i])} is outside [0, num_blocks = {num_blocks})")
-    return t.contiguous()
+    return t
