@@ -129,3 +129,26 @@ def test_reads_of_many_parts_loop_rather_than_recurse(monkeypatch):
             h.wait(WAIT_S)
             assert h.stats.parts > 500
             assert torch.equal(b.cache.buffer, want.buffer)
+
+
+def test_runs_nixl_cannot_take_as_strided_rows_are_posted_as_pieces():
+    """Runs the span rules allow but NIXL's strided rows do not (a source stride below the
+    length: overlapping source pieces; a count-1 run with any strides) go through "strided" as
+    pieces; a run of contiguous pieces is one span to auto's cost model (not staged)."""
+    spec = kvc.CacheSpec("kv", 64, 1)
+    src = kvc.allocate(kvc.plan_cache([spec], 64, 16), fill=0)
+    src.buffer.copy_(torch.arange(src.buffer.numel(), dtype=torch.int64).to(torch.uint8))
+    dst_plan = kvc.plan_cache([spec], 64, 16)
+    runs = torch.tensor([[0, 0, 64, 0, 64, 4],       # the same 64 source bytes four times
+                         [100, 512, 32, -7, 999, 1],  # one piece, strides meaningless
+                         [1024, 2048, 64, 64, 64, 400]])  # contiguous on both sides
+    want = kvc.allocate(dst_plan, fill=POISON)
+    kvc.copy_runs(src, want, runs)
+    with kn.Endpoint("odd-src", src) as a, kn.Endpoint("odd-dst", kvc.allocate(dst_plan)) as b:
+        peer = b.add_peer(a.metadata())
+        for path in ("strided", "auto"):
+            b.cache.buffer.fill_(POISON)
+            h = b.read(peer, runs, path=path)
+            h.wait(WAIT_S)
+            assert torch.equal(b.cache.buffer, want.buffer), path
+            assert h.stats.path == ("strided" if path == "strided" else "plain")

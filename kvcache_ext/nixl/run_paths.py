@@ -53,7 +53,11 @@ class RunStage:
 
 
 def _pieces_of_far_runs(r: np.ndarray, gap: int) -> np.ndarray:
-    far = (r[:, 5] > 1) & (r[:, 3] - r[:, 2] > gap)
+    return _pieces_of(r, (r[:, 5] > 1) & (r[:, 3] - r[:, 2] > gap))
+
+
+def _pieces_of(r: np.ndarray, far: np.ndarray) -> np.ndarray:
+    """The runs r[far] as one run of count 1 per piece, after the others."""
     if not bool(far.any()):
         return r
     f = r[far]
@@ -152,16 +156,24 @@ def run_parts(ep, peer, op: str, runs: np.ndarray, path: str, stats):
     st = None
     if path == "auto":
         path = "plain"
-        if op == "READ" and stats.spans >= AUTO_MIN_SPANS:
+        # what posting them would cost: a run whose pieces continue on both sides is one span
+        n = runs[:, 2]
+        posted = int(np.where((runs[:, 3] == n) & (runs[:, 4] == n), 1, runs[:, 5]).sum())
+        if op == "READ" and posted >= AUTO_MIN_SPANS:
             st = stage_runs(runs)
-            if staged_cost(st, stats.spans, stats.bytes) < 0.8 * stats.spans * DESC_S:
+            if staged_cost(st, stats.spans, stats.bytes) < 0.8 * posted * DESC_S:
                 path = "staged"
     if path == "staged":
         if st is None:
             st = stage_runs(runs)
         _lap(stats, "lists_s", t)
         return (path, *staged_run_parts(ep, peer, st, stats))
-    if path == "strided":
+    if path == "strided":  # NIXL's strided rows: strides >= the length on both sides
+        runs = runs.copy()
+        one = runs[:, 5] == 1
+        runs[one, 3] = runs[one, 2]
+        runs[one, 4] = runs[one, 2]
+        runs = _pieces_of(runs, runs[:, 3] < runs[:, 2])  # overlapping source pieces, one by one
         _lap(stats, "lists_s", t)
         return path, paths.strided_parts(ep, peer, op, runs, stats), None
     spans = spans_of_runs(torch.from_numpy(runs))

@@ -239,7 +239,7 @@ class TransferPlan:
         count = torch.zeros(1, dtype=torch.int64)
         _ops.plan_token_runs(self.move_table, src_table, dst_table, ns, nd, sp.num_blocks,
                              dp.num_blocks, num_tokens, src_start, dst_start, runs, count)
-        return runs[:int(count)]
+        return runs[:int(count)].clone()  # not the whole over-allocated table
 
     # ---- the span math -----------------------------------------------------------------------
     def _spans(self, sb: torch.Tensor, db: torch.Tensor, sn: torch.Tensor, dn: torch.Tensor,

@@ -238,8 +238,8 @@ class WorkerSide:
                       torch.tensor(rs.local_block_ids, dtype=torch.int64))
             # runs planned in compiled code from the plan pair kept per producer (plan_s)
             handle = self.ep.read_tokens(peer, *tables, rs.count, rs.start, rs.start)
+            xfer = handle.stats  # what it planned and posted, in the stats line even if it fails
             handle.wait(left())
-            xfer = handle.stats
             handle = None
             lap("read_s", t)
             times["plan_s"] = xfer.plan_s
