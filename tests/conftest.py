@@ -17,6 +17,21 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 GUARD = 256  # bytes of poison on each side of the plan's buffer
 
 
+def import_nixl():
+    """kvcache_ext.nixl for a NIXL test module, UCX kept on loopback; without nixl the module
+    skips, unless KVC_REQUIRE_NIXL=1 (CI), where a missing nixl fails."""
+    import os
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    try:
+        import kvcache_ext.nixl as kn
+    except ImportError as e:  # pragma: no cover
+        if os.environ.get("KVC_REQUIRE_NIXL") == "1":
+            raise
+        pytest.skip(f"nixl is not installed ({e}); pip install nixl==1.5.1",
+                    allow_module_level=True)
+    return kn
+
+
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "gpu: runs CUDA code on a GPU (benchmarks/gpu_check.sh runs "
                                        "`pytest -m gpu` first on the device machine)")

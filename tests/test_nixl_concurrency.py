@@ -7,7 +7,6 @@ staging buffer) in flight together, and keeps unpacks running when close() comes
 these tests skip, unless KVC_REQUIRE_NIXL=1 (CI)."""
 from __future__ import annotations
 
-import os
 import threading
 import time
 from types import SimpleNamespace
@@ -15,16 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-os.environ.setdefault("UCX_NET_DEVICES", "lo")
+import kvcache_ext as kvc
+from conftest import import_nixl
 
-import kvcache_ext as kvc  # noqa: E402
-
-try:
-    import kvcache_ext.nixl as kn  # noqa: E402
-except ImportError as e:  # pragma: no cover
-    if os.environ.get("KVC_REQUIRE_NIXL") == "1":
-        raise
-    pytest.skip(f"nixl is not installed ({e}); pip install nixl==1.5.1", allow_module_level=True)
+kn = import_nixl()
 
 WAIT_S = 30
 READERS = 4
