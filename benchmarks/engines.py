@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 CONNECTOR = "KvcacheExtConnector"
+V4_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v4_site")
 
 
 def make_model(folder: str, layers: int = 2, kv_heads: int = 2, head_dim: int = 32,
@@ -72,11 +73,12 @@ class Output:
     seconds: float = 0.0         # from submitting the request to its end
     first_token_s: float = 0.0   # from submitting it to its first token (TTFT)
     top2_gaps: list[float] = field(default_factory=list)  # per token: top-1 minus top-2 logprob
+    logprobs: list[float] = field(default_factory=list)   # per token: the chosen token's logprob
 
 
 def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: str | None,
                  connector: str, extra: dict, policy: str, max_len: int, num_blocks: int | None,
-                 env: dict, dtype: str = "float32") -> None:
+                 env: dict, dtype: str = "float32", load_format: str = "auto") -> None:
     os.setpgrp()  # the engine's own processes in its group: a kill reaches them all
     os.environ.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core),
                        "UCX_NET_DEVICES": "lo", **env})
@@ -94,7 +96,8 @@ def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: 
         t0 = time.time()
         llm = LLM(model=model, skip_tokenizer_init=True, enforce_eager=True, dtype=dtype,
                   block_size=block_size, max_model_len=max_len, enable_prefix_caching=True,
-                  disable_log_stats=False, seed=0, num_gpu_blocks_override=num_blocks, **kw)
+                  disable_log_stats=False, seed=0, num_gpu_blocks_override=num_blocks,
+                  load_format=load_format, **kw)
         conn.send(("ready", time.time() - t0))
     except Exception as e:  # noqa: BLE001 - reported to the driver
         import traceback
@@ -182,12 +185,14 @@ def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: 
 
 def _output(last, seconds: float, first: float) -> Output:
     c = last.outputs[0] if last is not None and last.outputs else None
-    gaps = []
-    for lp in (c.logprobs or []) if c is not None else []:
+    gaps, chosen = [], []
+    for tok, lp in zip(c.token_ids, c.logprobs or []) if c is not None else []:
         top = sorted((v.logprob for v in lp.values()), reverse=True)
         gaps.append(top[0] - top[1] if len(top) > 1 else float("inf"))
+        chosen.append(lp[tok].logprob if tok in lp else float("nan"))
     return Output(list(c.token_ids) if c else [], c.finish_reason if c else None,
-                  last.kv_transfer_params if last is not None else None, seconds, first, gaps)
+                  last.kv_transfer_params if last is not None else None, seconds, first, gaps,
+                  chosen)
 
 
 def _metrics(llm) -> dict[str, float]:
@@ -259,13 +264,21 @@ class Engines:
     def start(self, name: str, block_size: int, core: int, role: str | None = "kv_both",
               connector: str = CONNECTOR, extra: dict | None = None, policy: str = "recompute",
               max_len: int = 1024, num_blocks: int | None = None, env: dict | None = None,
-              wait: bool = True, dtype: str = "float32",
+              wait: bool = True, dtype: str = "float32", v4: bool = False,
               timeout_s: float = 300.0) -> Engine:
+        """v4: a DeepSeek-V4 engine (random weights, load_format "dummy") with the workarounds
+        vllm-cpu 0.32 needs for V4 in its processes only (benchmarks/v4_site/sitecustomize.py)."""
+        env = dict(env or {})
+        if v4:  # and weights of +-0.5, each seeded on its own (v4_site/sitecustomize.py)
+            env["PYTHONPATH"] = os.pathsep.join(
+                [V4_SITE] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
+            env.setdefault("KVC_V4_DUMMY_RANGE", "0.5")
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=_engine_main, name=f"engine-{name}", daemon=False,
                            args=(child, self.model, name, block_size, core, role, connector,
-                                 dict(extra or {}), policy, max_len, num_blocks, dict(env or {}), dtype))
+                                 dict(extra or {}), policy, max_len, num_blocks, env, dtype,
+                                 "dummy" if v4 else "auto"))
         proc.start()
         e = Engine(name, proc, parent)
         self.engines.append(e)
@@ -294,6 +307,35 @@ class Engines:
 
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(f"signal {signum}")
+
+
+def make_v4_model(folder: str, compress_ratios: tuple[int, ...] = (0, 4, 128, 4)) -> str:
+    """A tiny DeepSeek-V4 config (vLLM's own DeepseekV4Config fields; weights: vLLM's seeded
+    "dummy" loader, the same in every engine) saved to `folder`: head_dim 512 (448 NoPE + 64
+    RoPE), index_head_dim 128, index_topk 512 (vLLM asserts it), 64 routed experts top-6 (what
+    the CPU routing kernels accept), hc_mult 4, DeepSeek's yarn rope_scaling."""
+    import json
+    cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+           "torch_dtype": "bfloat16", "vocab_size": 1024, "hidden_size": 256,
+           "moe_intermediate_size": 128, "num_hidden_layers": len(compress_ratios),
+           "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 512,
+           "qk_rope_head_dim": 64, "q_lora_rank": 128, "o_groups": 2, "o_lora_rank": 128,
+           "compress_ratios": list(compress_ratios), "compress_rope_theta": 160000.0,
+           "sliding_window": 128, "index_n_heads": 8, "index_head_dim": 128, "index_topk": 512,
+           "n_routed_experts": 64, "n_shared_experts": 1, "num_experts_per_tok": 6,
+           "num_hash_layers": 1, "norm_topk_prob": True, "routed_scaling_factor": 1.5,
+           "scoring_func": "sqrtsoftplus", "topk_method": "noaux_tc", "swiglu_limit": 10.0,
+           "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-06, "hidden_act": "silu",
+           "rms_norm_eps": 1e-06, "max_position_embeddings": 65536, "rope_theta": 10000.0,
+           "rope_scaling": {"type": "yarn", "rope_type": "yarn", "factor": 16,
+                            "original_max_position_embeddings": 4096, "beta_fast": 32,
+                            "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+           "num_nextn_predict_layers": 0, "tie_word_embeddings": False, "bos_token_id": 0,
+           "eos_token_id": 1}
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return folder
 
 
 def tiny_model_dir() -> str:

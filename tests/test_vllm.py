@@ -145,7 +145,7 @@ def test_what_the_connector_refuses_names_the_field_or_layer(run) -> None:
     r = run["refusals"]
     assert r["supported"] == "accepted" and r["vllm's tensors"] == "accepted"
     assert "cache_config.cache_dtype = 'fp8'" in r["fp8 cache"]
-    assert "kv_cache_config.kv_cache_groups has 2 groups" in r["two groups"]
+    assert "layer 'model.layers.0.self_attn.attn': 2 KV heads per layer" in r["two groups"]
     assert "parallel_config.tensor_parallel_size = 2" in r["tp 2"]
     assert "parallel_config.pipeline_parallel_size = 2" in r["pp 2"]
     assert "['hold_timeout']" in r["unknown key"]

@@ -96,7 +96,14 @@ def refusals() -> dict[str, str]:
                   parallel_config=NS(tensor_parallel_size=tp, pipeline_parallel_size=pp))
     one = NS(kv_cache_groups=[NS()])
     attempt("fp8 cache", lambda: check_supported(cfg("fp8"), one))
-    attempt("two groups", lambda: check_supported(cfg(), NS(kv_cache_groups=[NS(), NS()])))
+    # a hybrid cache of K | V layers (a sliding-window Llama): not a record a group plan knows
+    kv = NS(num_kv_heads=2, num_head_slots=None, dtype=torch.float32, head_size=64,
+            head_size_v=64, state_content_bytes=None, block_size=32, tokens_per_state=1)
+    hybrid = NS(num_blocks=8, kv_cache_groups=[
+        NS(layer_names=[f"model.layers.{i}.self_attn.attn"],
+           kv_cache_spec=NS(kv_cache_specs={f"model.layers.{i}.self_attn.attn": kv}))
+        for i in range(2)])
+    attempt("two groups", lambda: check_supported(cfg(), hybrid))
     attempt("tp 2", lambda: check_supported(cfg(tp=2), one))
     attempt("pp 2", lambda: check_supported(cfg(pp=2), one))
     attempt("supported", lambda: check_supported(cfg(), one))

@@ -3,7 +3,8 @@
 Test hooks travel in a request's kv_transfer_params, not here, so one engine serves every case:
 kvc_debug_delay_s (the consumer waits before reading), kvc_debug_timeout_s (its read's timeout),
 kvc_debug_acquire_delay_s (the producer answers the read's request this late), kvc_debug_corrupt
-(the consumer negates every value it read: the tokens must change)."""
+(the consumer negates every value it read -- or, given a spec name of a grouped plan, that
+spec's: the tokens must change)."""
 from __future__ import annotations
 
 import os
@@ -65,14 +66,19 @@ class ConnectorConfig:
 
 def check_supported(vllm_config, kv_cache_config) -> None:
     """Refuse, naming the field, what the connector does not move yet."""
-    cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
-    if cache_dtype not in ("auto", None):
-        raise ValueError(f"KvcacheExtConnector: cache_config.cache_dtype = {cache_dtype!r} is not "
-                         f"supported (fp8 KV caches are not moved yet); use 'auto'")
     groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+    cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
     if len(groups) > 1:
-        raise ValueError(f"KvcacheExtConnector: kv_cache_config.kv_cache_groups has {len(groups)} "
-                         f"groups; one KV-cache group is supported")
+        # a hybrid cache: every layer's record must be one the plan knows. The scheduler's
+        # copy keeps one spec per group (vLLM's generate_scheduler_kv_cache_config): the
+        # worker's, with every layer's spec, is checked.
+        if all(hasattr(getattr(g, "kv_cache_spec", None), "kv_cache_specs") for g in groups):
+            from .group_plan import group_plan_of
+            group_plan_of(kv_cache_config)
+    elif cache_dtype not in ("auto", None):
+        raise ValueError(f"KvcacheExtConnector: cache_config.cache_dtype = {cache_dtype!r} is not "
+                         f"supported in a one-group cache (fp8 K/V caches are not moved yet); "
+                         f"use 'auto'")
     from .cache_plan import check_mla_spec, is_mla
     spec = getattr(groups[0], "kv_cache_spec", None) if groups else None
     if is_mla(spec):

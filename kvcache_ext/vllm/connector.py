@@ -7,14 +7,19 @@ to a decode engine whose plan differs (any block sizes either way), loaded out o
 
 vLLM makes one instance per role: the scheduler half (scheduler.py) in the EngineCore process,
 the worker half (worker.py) in the worker process; they speak through each step's metadata and,
-once at start-up, the worker's handshake metadata (its side channel's address)."""
+once at start-up, the worker's handshake metadata (its side channel's address).
+
+It supports vLLM's hybrid KV-cache manager (SupportsHMA): a model with several KV-cache groups
+(DeepSeek-V4's window, compressed and compressor-state groups overlaid on one allocation) is
+moved group by group, each at its own block size and token-per-row ratio (group_plan.py)."""
 from __future__ import annotations
 
 import logging
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                KVConnectorRole,
-                                                               KVConnectorTransferResults)
+                                                               KVConnectorTransferResults,
+                                                               SupportsHMA)
 
 from .config import ConnectorConfig, check_supported
 from .scheduler import SchedulerSide
@@ -23,7 +28,7 @@ from .worker import WorkerSide
 log = logging.getLogger("kvcache_ext.vllm")
 
 
-class KvcacheExtConnector(KVConnectorBase_V1):
+class KvcacheExtConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config, role, kv_cache_config) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         check_supported(vllm_config, kv_cache_config)
@@ -47,7 +52,10 @@ class KvcacheExtConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output):
         return self.scheduler.build_connector_meta()
 
-    def request_finished(self, request, block_ids):
+    def request_finished(self, request, block_ids):  # one KV-cache group (HMA off)
+        return self.scheduler.request_finished(request, (block_ids,))
+
+    def request_finished_all_groups(self, request, block_ids):  # SupportsHMA: every group's
         return self.scheduler.request_finished(request, block_ids)
 
     def set_xfer_handshake_metadata(self, metadata) -> None:

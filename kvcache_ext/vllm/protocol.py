@@ -20,7 +20,8 @@ OWN_PARAM_KEYS = ("remote_instance", "remote_generation")
 @dataclass(frozen=True)
 class Remote:
     """Where a prompt's cache is: the producer's side channel and worker instance, its block ids
-    (one list per KV-cache group), and which hand-off of which request."""
+    (one tuple per KV-cache group, in the producer's group order), and which hand-off of which
+    request."""
 
     host: str
     port: int
@@ -28,7 +29,7 @@ class Remote:
     instance: str
     request_id: str
     generation: int
-    block_ids: tuple[int, ...]
+    block_ids: tuple[tuple[int, ...], ...]
     num_tokens: int
     expiry_time: float
 
@@ -42,24 +43,27 @@ class Remote:
             raise ValueError(f"kv_transfer_params lack {missing}: not a KvcacheExtConnector "
                              f"producer's parameters")
         groups = p["remote_block_ids"]
-        if not isinstance(groups, (list, tuple)) or len(groups) != 1:
+        if (not isinstance(groups, (list, tuple)) or not groups
+                or not all(isinstance(g, (list, tuple)) for g in groups)):
             raise ValueError(f"kv_transfer_params['remote_block_ids'] must hold one list of block "
-                             f"ids (one KV-cache group), got {groups!r:.80}")
+                             f"ids per KV-cache group, got {groups!r:.80}")
         expiry = p.get("remote_blocks_expiry_time")
         return cls(str(p["remote_host"]), int(p["remote_port"]), str(p["remote_engine_id"]),
                    str(p["remote_instance"]), str(p["remote_request_id"]),
-                   int(p["remote_generation"]), tuple(int(b) for b in groups[0]),
+                   int(p["remote_generation"]),
+                   tuple(tuple(int(b) for b in g) for g in groups),
                    int(p["remote_num_tokens"]), float(expiry) if expiry is not None else 0.0)
 
 
 @dataclass
 class RecvSpec:
-    """Consumer: read tokens start .. start + count of a prompt into local_block_ids. `error`:
-    the parameters were refused before any read (the load fails at once)."""
+    """Consumer: read tokens start .. start + count of a prompt into local_block_ids (one list
+    per KV-cache group). `error`: the parameters were refused before any read (the load fails
+    at once)."""
 
     request_id: str
     remote: Remote | None
-    local_block_ids: list[int]
+    local_block_ids: list[list[int]]
     start: int
     count: int
     error: str = ""

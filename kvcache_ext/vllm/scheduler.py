@@ -21,10 +21,10 @@ class SchedulerSide:
     def __init__(self, vllm_config, cfg: ConnectorConfig) -> None:
         self.cfg = cfg
         self.engine_id = vllm_config.kv_transfer_config.engine_id
-        self.block_size = vllm_config.cache_config.block_size
         self.address: WorkerAddress | None = None  # the worker's, from its handshake metadata
         self._generations = itertools.count(1)
         self._meta = KvcacheExtMetadata()
+        self._local_hit: dict[str, int] = {}  # tokens a request holds locally, when last asked
 
     def set_worker_address(self, address: WorkerAddress) -> None:
         self.address = address
@@ -36,11 +36,13 @@ class SchedulerSide:
         p = request.kv_transfer_params
         if not p or not p.get("do_remote_prefill"):
             return 0, False
+        self._local_hit[request.request_id] = num_computed_tokens
         count = len(request.prompt_token_ids or ()) - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         p = request.kv_transfer_params
+        local_hit = self._local_hit.pop(request.request_id, 0)
         if not p or not p.get("do_remote_prefill"):
             return
         p["do_remote_prefill"] = False  # one read per request
@@ -52,17 +54,19 @@ class SchedulerSide:
             if remote is not None:
                 self._meta.release[request.request_id] = remote
             return
-        group = blocks.blocks[0]
-        local_hit = sum(b.block_hash is not None and not b.is_null for b in group)
+        # every group's block table (a window group's blocks before its window are vLLM's
+        # null block): the worker reads the rows each group keeps of tokens past the local hit
         self._meta.recv[request.request_id] = RecvSpec(
-            request.request_id, remote, list(blocks.get_block_ids()[0]),
-            local_hit * self.block_size, num_external_tokens, error,
+            request.request_id, remote, [list(g) for g in blocks.get_block_ids()],
+            local_hit, num_external_tokens, error,
             {k[len("kvc_debug_"):]: v for k, v in p.items() if k.startswith("kvc_debug_")})
 
     # ---- producer ------------------------------------------------------------------------------
-    def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict | None]:
-        """A finished prefill asked for a remote decode: hold its blocks for the reader, and say
-        where they are (NixlConnector's keys, and the hand-off's instance and generation)."""
+    def request_finished(self, request,
+                         block_ids: tuple[list[int], ...]) -> tuple[bool, dict | None]:
+        """A finished prefill asked for a remote decode: hold its blocks (every group's) for
+        the reader, and say where they are (NixlConnector's keys, one block list per group,
+        and the hand-off's instance and generation)."""
         p = request.kv_transfer_params
         if p and p.get("do_remote_prefill"):  # a decode request that ended before its read: the
             p["do_remote_prefill"] = False      # producer may free the prompt's blocks now
@@ -73,18 +77,19 @@ class SchedulerSide:
             return False, None
         if not p or not p.get("do_remote_decode"):
             return False, None
-        if request.status not in _FINISHED_OK or not block_ids or self.address is None:
+        held = sum(b != 0 for g in block_ids for b in g)  # block 0: vLLM's null block
+        if request.status not in _FINISHED_OK or not held or self.address is None:
             log.warning("KvcacheExtConnector: request %s asked for a remote decode but ends with "
                         "status %s, %d block(s), worker side channel %s: no kv_transfer_params "
                         "(the decode computes the prompt itself)", request.request_id,
-                        request.status, len(block_ids or ()), self.address)
+                        request.status, held, self.address)
             return False, None
         generation = next(self._generations)
         expiry = time.time() + self.cfg.hold_timeout_s
         self._meta.send[request.request_id] = SendSpec(request.request_id, generation, expiry)
         return True, {
             "do_remote_prefill": True, "do_remote_decode": False,
-            "remote_block_ids": [list(block_ids)], "remote_engine_id": self.engine_id,
+            "remote_block_ids": [list(g) for g in block_ids], "remote_engine_id": self.engine_id,
             "remote_request_id": request.request_id, "remote_host": self.address.host,
             "remote_port": self.address.port, "tp_size": 1, "dcp_size": 1, "pp_size": 1,
             "remote_num_tokens": request.num_computed_tokens,

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from .. import nixl as kvc_nixl
-from ..transfer import TransferPlan, spans_of_runs
+from ..transfer import GroupTransferPlan, TransferPlan, spans_of_runs
 from .cache_plan import cache_of
+from .group_plan import group_cache_of, group_plan_of
 from .config import ConnectorConfig
 from .protocol import KvcacheExtMetadata, RecvSpec, Remote, WorkerAddress
 from .side_channel import Server, call
@@ -46,8 +47,11 @@ class WorkerSide:
     def __init__(self, vllm_config, kv_cache_config, cfg: ConnectorConfig) -> None:
         self.cfg = cfg
         self.engine_id = str(vllm_config.kv_transfer_config.engine_id)
-        self.layer_names = list(kv_cache_config.kv_cache_groups[0].layer_names)
-        self.kv_cache_spec = getattr(kv_cache_config.kv_cache_groups[0], "kv_cache_spec", None)
+        groups = kv_cache_config.kv_cache_groups
+        # several groups (vLLM's hybrid manager: DeepSeek-V4): one GroupPlan over them all
+        self.vplan = group_plan_of(kv_cache_config) if len(groups) > 1 else None
+        self.layer_names = [n for g in groups for n in g.layer_names]
+        self.kv_cache_spec = getattr(groups[0], "kv_cache_spec", None)
         self.dp_index = int(getattr(vllm_config.parallel_config, "data_parallel_index", 0) or 0)
         self.instance = uuid.uuid4().hex[:12]
         self._cond = threading.Condition()
@@ -64,7 +68,10 @@ class WorkerSide:
 
     # ---- start-up ------------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        cache = cache_of(kv_caches, self.layer_names, self.kv_cache_spec)
+        if self.vplan is not None:
+            cache = group_cache_of(kv_caches, self.vplan)
+        else:
+            cache = cache_of(kv_caches, self.layer_names, self.kv_cache_spec)
         self.elem_bytes = next(iter(kv_caches.values())).element_size()
         self.ep = kvc_nixl.Endpoint(f"kvc-{self.engine_id[:12]}-{self.instance}", cache)
         self.server = Server(self.cfg.host(), self.cfg.port(self.dp_index), self._serve)
@@ -181,10 +188,48 @@ class WorkerSide:
                             f"parameters name {r.instance!r} (restarted: the blocks are gone)")
         return peer
 
+    def _tables(self, src: tuple | list, dst: list) -> dict[str, tuple]:
+        """{group: (src table, dst table)} of a group plan, from per-group block lists."""
+        if len(src) != len(self.vplan.group_names) or len(dst) != len(src):
+            raise LoadError(f"{len(src)} producer and {len(dst)} local block lists for a cache "
+                            f"of {len(self.vplan.group_names)} KV-cache groups")
+        return {g: (torch.tensor(s, dtype=torch.int64), torch.tensor(d, dtype=torch.int64))
+                for g, s, d in zip(self.vplan.group_names, src, dst)}
+
     def _local_spans(self, rs: RecvSpec) -> torch.Tensor:
-        table = torch.tensor(rs.local_block_ids, dtype=torch.int32)
+        if self.vplan is not None:
+            tables = self._tables(rs.local_block_ids, rs.local_block_ids)
+            return GroupTransferPlan(self.ep.plan, self.ep.plan).token_spans(
+                tables, rs.start + rs.count, rs.start)
+        table = torch.tensor(rs.local_block_ids[0], dtype=torch.int32)
         return TransferPlan(self.ep.plan, self.ep.plan).token_spans(table, table, rs.count,
                                                                    rs.start, rs.start)
+
+    def _read(self, peer: kvc_nixl.Peer, r: Remote, rs: RecvSpec):
+        """Start the read of the prompt's rows; (handle, what to negate for kvc_debug_corrupt)."""
+        if self.vplan is None:
+            tables = (torch.tensor(r.block_ids[0], dtype=torch.int64),
+                      torch.tensor(rs.local_block_ids[0], dtype=torch.int64))
+            # runs planned in compiled code from the plan pair kept per producer (plan_s)
+            handle = self.ep.read_tokens(peer, *tables, rs.count, rs.start, rs.start)
+            return handle, lambda spec=None: spans_of_runs(self.ep.transfer_plan(
+                peer).token_runs(*tables, rs.count, rs.start, rs.start))
+        t = time.perf_counter()
+        tables = self._tables(r.block_ids, rs.local_block_ids)
+        spans = GroupTransferPlan(peer.plan, self.ep.plan).token_spans(
+            tables, rs.start + rs.count, rs.start)  # every group's rows of the missing tokens
+        plan_s = time.perf_counter() - t
+        handle = self.ep.read(peer, spans)
+        handle.stats.plan_s = plan_s
+        return handle, lambda spec=None: spans if spec is None else self._spec_spans(
+            peer, tables, rs, spec)
+
+    def _spec_spans(self, peer, tables: dict, rs: RecvSpec, spec: str) -> torch.Tensor:
+        """The local spans of one spec's rows of the read (tests corrupt one spec at a time)."""
+        group = self.ep.plan.group(spec).name
+        xp = GroupTransferPlan(peer.plan, self.ep.plan, [group])
+        xp.moves[group] = [m for m in xp.moves[group] if m[0] == spec]
+        return xp.token_spans({group: tables[group]}, rs.start + rs.count, rs.start)
 
     def _fill(self, rs: RecvSpec, value: int) -> None:
         for d, n in self._local_spans(rs)[:, 1:].tolist():
@@ -192,7 +237,7 @@ class WorkerSide:
 
     def _negate(self, spans: torch.Tensor) -> None:
         es = self.elem_bytes
-        ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[es]
+        ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[es]
         sign = -(1 << (8 * es - 1))
         for d, n in spans[:, 1:].tolist():
             rows = self.ep.cache.buffer[d:d + n].view(ints)
@@ -234,10 +279,7 @@ class WorkerSide:
             t = lap("acquire_s", t)
             if not reply.get("ok"):
                 raise LoadError(f"the producer refused the read: {reply.get('why')}")
-            tables = (torch.tensor(r.block_ids, dtype=torch.int64),
-                      torch.tensor(rs.local_block_ids, dtype=torch.int64))
-            # runs planned in compiled code from the plan pair kept per producer (plan_s)
-            handle = self.ep.read_tokens(peer, *tables, rs.count, rs.start, rs.start)
+            handle, moved = self._read(peer, r, rs)
             xfer = handle.stats  # what it planned and posted, in the stats line even if it fails
             handle.wait(left())
             handle = None
@@ -245,8 +287,8 @@ class WorkerSide:
             times["plan_s"] = xfer.plan_s
             times["read_s"] -= xfer.plan_s
             if dbg.get("corrupt"):  # the tokens must show it (tests): every value it read
-                self._negate(spans_of_runs(self.ep.transfer_plan(peer).token_runs(
-                    *tables, rs.count, rs.start, rs.start)))  # negated, still finite
+                # (True) or one spec's (its name) negated, still finite
+                self._negate(moved(None if dbg["corrupt"] is True else str(dbg["corrupt"])))
             with self._cond:
                 self._recv_done.add(rs.request_id)
             self._release_later(r)
@@ -261,11 +303,16 @@ class WorkerSide:
             error = f"{type(e).__name__}: {e}"
             log.warning("KvcacheExtConnector: reading request %s's cache failed: %s",
                         rs.request_id, error)
-            bs = self.ep.plan.block_size
-            first, end = rs.start // bs, -(-(rs.start + rs.count) // bs)
+            sizes = ([g.block_size for g in self.ep.plan.groups] if self.vplan is not None
+                     else [self.ep.plan.block_size])
+            bad = set()
+            for bs, ids in zip(sizes, rs.local_block_ids):
+                bad.update(ids[rs.start // bs:-(-(rs.start + rs.count) // bs)])
+            bad.discard(0)  # vLLM's null block (a window group's blocks before its window)
             with self._cond:
                 self._recv_failed.add(rs.request_id)
-                self._bad_blocks.update(rs.local_block_ids[first:end])
+                if self.vplan is None:  # vLLM takes block-level failures from one group only
+                    self._bad_blocks.update(bad)
             if rs.remote is not None:
                 self._release_later(rs.remote)
         if self.cfg.stats_path:
