@@ -10,6 +10,7 @@ transformers (make_model).
 """
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -309,12 +310,24 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(f"signal {signum}")
 
 
+def external_hits(e: "Engine") -> float:
+    """vLLM's count of prompt tokens a connector supplied, on engine e so far."""
+    return e.metrics().get("vllm:external_prefix_cache_hits", 0.0)
+
+
+def read_stats(path: str) -> list[dict]:
+    """The connector's stats lines (kv_connector_extra_config stats_path), one per read."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
 def make_v4_model(folder: str, compress_ratios: tuple[int, ...] = (0, 4, 128, 4)) -> str:
     """A tiny DeepSeek-V4 config (vLLM's own DeepseekV4Config fields; weights: vLLM's seeded
     "dummy" loader, the same in every engine) saved to `folder`: head_dim 512 (448 NoPE + 64
     RoPE), index_head_dim 128, index_topk 512 (vLLM asserts it), 64 routed experts top-6 (what
     the CPU routing kernels accept), hc_mult 4, DeepSeek's yarn rope_scaling."""
-    import json
     cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
            "torch_dtype": "bfloat16", "vocab_size": 1024, "hidden_size": 256,
            "moe_intermediate_size": 128, "num_hidden_layers": len(compress_ratios),

@@ -380,6 +380,29 @@ def _tables(groups, num_tokens, num_blocks, seed):
     return out
 
 
+@pytest.mark.parametrize("start", [0, 256, 700])
+def test_group_token_spans_past_a_prefix_hit_from_given_firsts(start):
+    """start: the tokens the destination holds (row k of ratio r moves when k·r + r - 1 >=
+    start); firsts: a windowed group's first token held, in place of its window rule (vLLM
+    keeps whole blocks). The bytes moved are exactly those rows'."""
+    groups = kvc.presets.deepseek_v4("flash")
+    src = kvc.plan_cache(groups=groups, num_blocks=400, layout="BLHNC")
+    dst = kvc.plan_cache(groups=groups, num_blocks=420, layout="BLNHC", packing="stack")
+    n = 700
+    st_, dt = _tables(groups, n, 400, 3), _tables(groups, n, 420, 4)
+    firsts = {g.name: max(n - g.window, 0) // g.block_size * g.block_size
+              for g in groups if g.window is not None}
+    xp = kvc.GroupTransferPlan(src, dst)
+    spans = xp.token_spans({k: (st_[k], dt[k]) for k in st_}, n, start, firsts)
+    want = sum((n // s.compress_ratio - max(firsts.get(g.name, 0), start) // s.compress_ratio)
+               * s.row_bytes * s.num_layers for g in groups for s in g.specs)
+    assert int(spans[:, 2].sum()) == want
+    with pytest.raises(ValueError, match=r"start must be an int in \[0, num_tokens = 700\]"):
+        xp.token_spans({k: (st_[k], dt[k]) for k in st_}, n, 701)
+    with pytest.raises(ValueError, match=r"firsts names groups that are not moved: \['nope'\]"):
+        xp.token_spans({k: (st_[k], dt[k]) for k in st_}, n, 0, {"nope": 0})
+
+
 @pytest.mark.parametrize("num_tokens", [1, 300, 1000])
 def test_group_token_spans_move_live_rows(num_tokens):
     groups = kvc.presets.deepseek_v4("flash")

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from engines import Engines, Prompt, make_mla_model  # noqa: E402
+from engines import Engines, Prompt, external_hits, make_mla_model, read_stats  # noqa: E402
 
 LENGTHS = (1, 31, 33, 129, 300)
 ROW_BYTES = 576 * 2   # bf16 latent row
@@ -35,13 +35,6 @@ def ids(n: int, seed: int) -> list[int]:
     return [r.randrange(1, 128) for _ in range(n)]
 
 
-def ext_hits(e) -> float:
-    return e.metrics().get("vllm:external_prefix_cache_hits", 0.0)
-
-
-def reads(path: str) -> list[dict]:
-    p = Path(path)
-    return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
 
 
 def main(out_path: str) -> None:
@@ -76,10 +69,10 @@ def main(out_path: str) -> None:
             prompts = [ids(n, 100 * k + n) for n in LENGTHS]
             base = d.together([Prompt(x, 8, salt=f"base-{k}-{i}") for i, x in enumerate(prompts)])
             pre = p.together([Prompt(x, 1, {"do_remote_decode": True}) for x in prompts])
-            hits0 = ext_hits(d)
+            hits0 = external_hits(d)
             outs = d.together([Prompt(x, 8, o.params) for x, o in zip(prompts, pre)])
             res["cases"][f"{pn}->{dn}"] = {
-                "blocks": [blocks[pn], blocks[dn]], "external_hits": ext_hits(d) - hits0,
+                "blocks": [blocks[pn], blocks[dn]], "external_hits": external_hits(d) - hits0,
                 "prompts": [{"len": len(x), "tokens": o.tokens, "baseline": b.tokens,
                              "finish": o.finish_reason, "baseline_gaps": b.top2_gaps,
                              "params_blocks": len((q.params or {}).get("remote_block_ids", [[]])[0])}
@@ -91,13 +84,13 @@ def main(out_path: str) -> None:
             prompt = shared[:280] + ids(60, 8)
             base = b.generate([Prompt(prompt, 8, salt="partial")])[0]
             pre = a.generate([Prompt(prompt, 1, {"do_remote_decode": True})])[0]
-            hits0 = ext_hits(b)
+            hits0 = external_hits(b)
             out = b.generate([Prompt(prompt, 8, pre.params)])[0]
             res["cases"]["partial a->b"] = {"len": len(prompt), "tokens": out.tokens,
                                             "baseline": base.tokens, "local": 256,
-                                            "external_hits": ext_hits(b) - hits0,
-                                            "read": reads(stats["b"])[-1]}
-    res["reads"] = {n: reads(path) for n, path in stats.items()}
+                                            "external_hits": external_hits(b) - hits0,
+                                            "read": read_stats(stats["b"])[-1]}
+    res["reads"] = {n: read_stats(path) for n, path in stats.items()}
     res["seconds"] = time.time() - t0
     Path(out_path).write_text(json.dumps(res))
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from dataclasses import asdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from engines import Engines, Prompt, make_model  # noqa: E402  (the harness, outside the package)
+from engines import Engines, Prompt, external_hits, make_model, read_stats  # noqa: E402  (the harness, outside the package)
 
 LENGTHS = (1, 31, 33, 230)
 A_BLOCKS = 64  # the producer a's whole cache: the delayed-read case cycles every free block
@@ -50,15 +50,6 @@ def usage(e) -> float:
     return e.metrics(probe=True).get("vllm:kv_cache_usage_perc", -1.0)
 
 
-def ext_hits(e) -> float:
-    return e.metrics().get("vllm:external_prefix_cache_hits", 0.0)
-
-
-def read_stats(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f]
 
 
 def handoff(p, d, prompt: list[int], max_tokens: int = 8, tamper=None, debug=None):
@@ -156,13 +147,13 @@ def main(out_path: str) -> None:
             for n in LENGTHS:
                 prompt = ids(n, seed=1000 * k + n)
                 base = d.generate([Prompt(prompt, 8, salt=f"base-{k}-{n}")])[0]
-                hits0 = ext_hits(d)
+                hits0 = external_hits(d)
                 pre, out = handoff(p, d, prompt)
                 res["cases"][f"pair {pn}->{dn} len {n}"] = {
                     "tokens": out.tokens, "baseline": base.tokens,
                     "producer_baseline": p.generate([Prompt(prompt, 8, salt=f"pb-{k}-{n}")])[0].tokens,
                     "finish": out.finish_reason, "params": pre.params,
-                    "external_hits": ext_hits(d) - hits0, "prompt_len": n, "consumer": dn,
+                    "external_hits": external_hits(d) - hits0, "prompt_len": n, "consumer": dn,
                     "producer": pn}
 
         # ---- several prompts in one call: their reads in flight together --------------------
@@ -171,11 +162,11 @@ def main(out_path: str) -> None:
             prompts = [ids(40 + 37 * i, seed=500 + i) for i in range(8)]
             base = d.together([Prompt(x, 8, salt=f"tog-{pn}{dn}-{i}") for i, x in enumerate(prompts)])
             pre = p.together([Prompt(x, 1, {"do_remote_decode": True}) for x in prompts])
-            hits0 = ext_hits(d)
+            hits0 = external_hits(d)
             outs = d.together([Prompt(x, 8, q.params) for x, q in zip(prompts, pre)])
             res["cases"][f"together {pn}->{dn}"] = {
                 "tokens": [o.tokens for o in outs], "baseline": [o.tokens for o in base],
-                "finish": [o.finish_reason for o in outs], "external_hits": ext_hits(d) - hits0,
+                "finish": [o.finish_reason for o in outs], "external_hits": external_hits(d) - hits0,
                 "prompt_tokens": sum(len(x) for x in prompts)}
 
         # ---- a consumer that holds part of the prompt --------------------------------------
@@ -183,11 +174,11 @@ def main(out_path: str) -> None:
         b.generate([Prompt(shared, 1)])  # b (block 64) caches 2 whole blocks of it
         prompt = shared[:140] + ids(60, seed=8)
         base = b.generate([Prompt(prompt, 8, salt="partial")])[0]
-        hits0 = ext_hits(b)
+        hits0 = external_hits(b)
         pre, out = handoff(a, b, prompt)
         res["cases"]["partial local hit a->b"] = {
             "tokens": out.tokens, "baseline": base.tokens, "prompt_len": len(prompt),
-            "external_hits": ext_hits(b) - hits0, "read": read_stats(stats["b"])[-1]}
+            "external_hits": external_hits(b) - hits0, "read": read_stats(stats["b"])[-1]}
 
         # ---- a read delayed while other prompts fill the producer --------------------------
         prompt = ids(230, seed=9)

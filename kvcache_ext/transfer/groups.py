@@ -71,20 +71,25 @@ class GroupTransferPlan:
                  TransferPlan(_row_plan(src_plan, sp.name), _row_plan(dst_plan, sp.name)))
                 for sp in d.specs]
 
-    def live_rows(self, group: str, spec_ratio: int, num_tokens: int,
-                  start: int = 0) -> tuple[int, int]:
+    def live_rows(self, group: str, spec_ratio: int, num_tokens: int, start: int = 0,
+                  first: int | None = None) -> tuple[int, int]:
         """[first, end) rows of a spec with `spec_ratio` that a request of `num_tokens` tokens
-        holds in `group` (a windowed group: only the rows of its last `window` tokens), past
-        the rows its first `start` tokens wrote (row k is written by token k·r + r - 1)."""
+        holds in `group` (a windowed group: only the rows of its last `window` tokens, or from
+        token `first` when given), past the rows its first `start` tokens wrote (row k is
+        written by token k·r + r - 1)."""
         g = self.dst_plan.group(group)
-        first_token = 0 if g.window is None else max(num_tokens - g.window, 0)
-        return max(first_token, start) // spec_ratio, num_tokens // spec_ratio
+        if first is None:
+            first = 0 if g.window is None else max(num_tokens - g.window, 0)
+        return max(first, start) // spec_ratio, num_tokens // spec_ratio
 
     def token_spans(self, block_tables: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-                    num_tokens: int, start: int = 0) -> torch.Tensor:
+                    num_tokens: int, start: int = 0,
+                    firsts: Mapping[str, int] | None = None) -> torch.Tensor:
         """int64 [S, 3] moving a request of `num_tokens` tokens: block_tables[group] =
         (src_block_table, dst_block_table), int32 [M] in that group's block size. start: the
-        tokens the destination already holds (a prefix hit): only the rows past them move."""
+        tokens the destination already holds (a prefix hit): only the rows past them move.
+        firsts[group]: the first token a windowed group holds, in place of its window rule
+        (an engine that keeps whole blocks: the first token of the first block it keeps)."""
         missing = sorted(set(self.moves) - set(block_tables))
         if missing:
             raise ValueError(f"block_tables has no (src, dst) tables for groups {missing}")
@@ -97,11 +102,15 @@ class GroupTransferPlan:
         if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= num_tokens:
             raise ValueError(f"start must be an int in [0, num_tokens = {num_tokens}], got "
                              f"{start!r}")
+        firsts = dict(firsts or {})
+        unknown = sorted(set(firsts) - set(self.moves))
+        if unknown:
+            raise ValueError(f"firsts names groups that are not moved: {unknown}")
         parts = []
         for gname, moves in self.moves.items():
             src_table, dst_table = block_tables[gname]
             for _, ratio, xp in moves:
-                first, end = self.live_rows(gname, ratio, num_tokens, start)
+                first, end = self.live_rows(gname, ratio, num_tokens, start, firsts.get(gname))
                 if end > first:
                     parts.append(xp.token_spans(src_table, dst_table, end - first, first, first))
         return _merge(parts)
@@ -123,9 +132,10 @@ class GroupTransferPlan:
                        for g, pairs in block_pairs.items() for _, _, xp in self.moves[g]])
 
     def token_runs(self, block_tables: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-                   num_tokens: int, start: int = 0) -> torch.Tensor:
+                   num_tokens: int, start: int = 0,
+                   firsts: Mapping[str, int] | None = None) -> torch.Tensor:
         """token_spans as strided runs, int64 [R, 6] (transfer/spans.py)."""
-        return runs_of_spans(self.token_spans(block_tables, num_tokens, start))
+        return runs_of_spans(self.token_spans(block_tables, num_tokens, start, firsts))
 
     def block_runs(self, block_pairs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """block_spans as strided runs, int64 [R, 6]."""

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 import torch
 
 from .. import nixl as kvc_nixl
-from ..transfer import GroupTransferPlan, TransferPlan, spans_of_runs
+from ..transfer import TransferPlan, spans_of_runs
 from .cache_plan import cache_of
-from .group_plan import group_cache_of, group_plan_of
 from .config import ConnectorConfig
+from .group_plan import group_cache_of, group_plan_of
+from .group_reads import group_spans, group_tables
 from .protocol import KvcacheExtMetadata, RecvSpec, Remote, WorkerAddress
 from .side_channel import Server, call
 
@@ -188,19 +189,18 @@ class WorkerSide:
                             f"parameters name {r.instance!r} (restarted: the blocks are gone)")
         return peer
 
-    def _tables(self, src: tuple | list, dst: list) -> dict[str, tuple]:
-        """{group: (src table, dst table)} of a group plan, from per-group block lists."""
-        if len(src) != len(self.vplan.group_names) or len(dst) != len(src):
-            raise LoadError(f"{len(src)} producer and {len(dst)} local block lists for a cache "
-                            f"of {len(self.vplan.group_names)} KV-cache groups")
-        return {g: (torch.tensor(s, dtype=torch.int64), torch.tensor(d, dtype=torch.int64))
-                for g, s, d in zip(self.vplan.group_names, src, dst)}
+    def _tables(self, src, dst, rs: RecvSpec) -> tuple[dict, dict]:
+        try:
+            return group_tables(self.ep.plan, self.vplan.group_names, src, dst,
+                                rs.start + rs.count)
+        except ValueError as e:
+            raise LoadError(str(e)) from None
 
     def _local_spans(self, rs: RecvSpec) -> torch.Tensor:
         if self.vplan is not None:
-            tables = self._tables(rs.local_block_ids, rs.local_block_ids)
-            return GroupTransferPlan(self.ep.plan, self.ep.plan).token_spans(
-                tables, rs.start + rs.count, rs.start)
+            tables, firsts = self._tables(rs.local_block_ids, rs.local_block_ids, rs)
+            return group_spans(self.ep.plan, self.ep.plan, tables, firsts,
+                               rs.start + rs.count, rs.start)
         table = torch.tensor(rs.local_block_ids[0], dtype=torch.int32)
         return TransferPlan(self.ep.plan, self.ep.plan).token_spans(table, table, rs.count,
                                                                    rs.start, rs.start)
@@ -215,29 +215,29 @@ class WorkerSide:
             return handle, lambda spec=None: spans_of_runs(self.ep.transfer_plan(
                 peer).token_runs(*tables, rs.count, rs.start, rs.start))
         t = time.perf_counter()
-        tables = self._tables(r.block_ids, rs.local_block_ids)
-        spans = GroupTransferPlan(peer.plan, self.ep.plan).token_spans(
-            tables, rs.start + rs.count, rs.start)  # every group's rows of the missing tokens
+        tables, firsts = self._tables(r.block_ids, rs.local_block_ids, rs)
+        end = rs.start + rs.count
+        spans = group_spans(peer.plan, self.ep.plan, tables, firsts, end, rs.start)
         plan_s = time.perf_counter() - t
         handle = self.ep.read(peer, spans)
         handle.stats.plan_s = plan_s
-        return handle, lambda spec=None: spans if spec is None else self._spec_spans(
-            peer, tables, rs, spec)
-
-    def _spec_spans(self, peer, tables: dict, rs: RecvSpec, spec: str) -> torch.Tensor:
-        """The local spans of one spec's rows of the read (tests corrupt one spec at a time)."""
-        group = self.ep.plan.group(spec).name
-        xp = GroupTransferPlan(peer.plan, self.ep.plan, [group])
-        xp.moves[group] = [m for m in xp.moves[group] if m[0] == spec]
-        return xp.token_spans({group: tables[group]}, rs.start + rs.count, rs.start)
+        return handle, lambda spec=None: spans if spec is None else group_spans(
+            peer.plan, self.ep.plan, tables, firsts, end, rs.start, spec)
 
     def _fill(self, rs: RecvSpec, value: int) -> None:
         for d, n in self._local_spans(rs)[:, 1:].tolist():
             self.ep.cache.buffer[d:d + n] = value
 
-    def _negate(self, spans: torch.Tensor) -> None:
+    def _corrupt(self, spans: torch.Tensor) -> None:
+        """Every value of the spans negated (still finite); in a grouped cache of byte records
+        (fp8 codes, UE8M0 scales, bf16 and fp32 parts, whose sign bits a byte view cannot
+        tell) each byte set to 0x3F instead: every part finite, none its moved value."""
+        if self.vplan is not None:
+            for d, n in spans[:, 1:].tolist():
+                self.ep.cache.buffer[d:d + n] = 0x3F
+            return
         es = self.elem_bytes
-        ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[es]
+        ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[es]
         sign = -(1 << (8 * es - 1))
         for d, n in spans[:, 1:].tolist():
             rows = self.ep.cache.buffer[d:d + n].view(ints)
@@ -287,8 +287,8 @@ class WorkerSide:
             times["plan_s"] = xfer.plan_s
             times["read_s"] -= xfer.plan_s
             if dbg.get("corrupt"):  # the tokens must show it (tests): every value it read
-                # (True) or one spec's (its name) negated, still finite
-                self._negate(moved(None if dbg["corrupt"] is True else str(dbg["corrupt"])))
+                # (True) or one spec's (its name), changed but finite
+                self._corrupt(moved(None if dbg["corrupt"] is True else str(dbg["corrupt"])))
             with self._cond:
                 self._recv_done.add(rs.request_id)
             self._release_later(r)
@@ -299,8 +299,11 @@ class WorkerSide:
             # vLLM's cache starts, before vLLM recomputes into these blocks -- possibly in
             # another order, so a row this read did not own may become an unwritten tail slot,
             # which vLLM's CPU attention still multiplies (by 0: NaN * 0 is NaN).
-            self._fill(rs, 0)
             error = f"{type(e).__name__}: {e}"
+            try:
+                self._fill(rs, 0)
+            except Exception:  # noqa: BLE001 - block lists that fit no plan: nothing was
+                pass           # written; the request is still reported as failed below
             log.warning("KvcacheExtConnector: reading request %s's cache failed: %s",
                         rs.request_id, error)
             sizes = ([g.block_size for g in self.ep.plan.groups] if self.vplan is not None

@@ -113,3 +113,33 @@ def test_a_differing_vllm_record_is_refused_by_tensor():
     cfg.kv_cache_tensors[4].offset += 576
     with pytest.raises(ValueError, match=r"kv_cache_tensors\[4\] \(layers \['model\.layers\.2"):
         group_plan_of(cfg)
+
+
+def test_a_read_moves_the_blocks_vllm_keeps_and_never_the_null_block():
+    """The consumer recomputes the prompt's last token, whose window reaches one token before
+    the window vLLM keeps for the next: a window group moves whole kept blocks (from the first
+    that is not null), so the recomputed token finds every row it reads."""
+    from kvcache_ext.vllm.group_reads import group_spans, group_tables
+    plan = group_plan_of(config(512)).plan
+    names = [g.name for g in plan.groups]
+    n = 300  # SWA (block 64, keeps 127 tokens): blocks 0, 1 null, 2..4 kept (tokens 128..299)
+    lists = []
+    for gi, g in enumerate(plan.groups):  # a block belongs to one group at a time
+        used = -(-n // g.block_size)
+        keep = 0 if g.window is None else (n - g.window) // g.block_size
+        lists.append([0] * keep + [10 + 100 * gi + i for i in range(keep, used)])
+    tables, firsts = group_tables(plan, names, lists, lists, n)
+    assert firsts == {"g0": 128, "g1": 128, "g3": 292, "g4": 168}
+    spans = group_spans(plan, plan, tables, firsts, n, 0)
+    got = torch.zeros(plan.total_bytes, dtype=torch.bool)
+    for _, d, k in spans.tolist():
+        got[d:d + k] = True
+    swa = plan.tensor("g0.0")
+    row = lambda blk, r: swa.offset + blk * swa.block_stride + r * 576  # noqa: E731
+    assert got[row(12, 0)] and got[row(12, 44)]      # token 128, 172: kept block, before the
+    assert not got[:swa.block_stride * 10].any()     # 127-token window; block 0 never written
+    holed = [list(x) for x in lists]
+    holed[0][3] = 0
+    with pytest.raises(ValueError, match="group g0: block 3 of the request is vLLM's null block "
+                                         "on the producer"):
+        group_tables(plan, names, holed, lists, n)
