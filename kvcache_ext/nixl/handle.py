@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -260,7 +261,12 @@ class TransferHandle:
             raise ValueError(f"timeout_s must be a number >= 0, got {timeout_s!r}")
         deadline = time.monotonic() + timeout_s
         while not self.done():
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise TimeoutError(f"NIXL {self.op} of {self.spans} spans ({self.bytes} B) with "
                                    f"peer {self.peer.name!r} not finished after {timeout_s} s")
-            time.sleep(0)  # let the poller and other threads in; keep driving progress
+            if self._reads_done:  # only unpacks left: sleep on them, not beside them (a
+                # spinning waiter takes the unpack thread's core share where both share a core)
+                futures.wait([f for f in list(self._unpacks) if not f.done()], timeout=left)
+            else:
+                time.sleep(0)  # let the poller and other threads in; keep driving progress
