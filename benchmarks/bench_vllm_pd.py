@@ -4,7 +4,7 @@ from the prefill engine through KvcacheExtConnector, through vLLM's own NixlConn
 recomputes the prompt, on the same engine pairs and the same prompts. Run in .venv-vllm:
 
     .venv-vllm/bin/python benchmarks/bench_vllm_pd.py [--out DIR] [--tiny] [--requests 4]
-        [--tokens 8192] [--layers 8] [--kv-heads 4] [--head-dim 64]
+        [--model llama|mla|v4] [--tokens 8192] [--layers 8] [--kv-heads 4] [--head-dim 64]
         [--pairs 32:32,32:64,64:32] [--connectors kvcache_ext,nixl] [--timeout-s 300]
 
 For each connector and pair (prefill block size : decode block size) it starts the two engines,
@@ -19,7 +19,14 @@ completion), and whether D's first token equals its own recompute. A pair a conn
 serve is reported as such (NixlConnector refuses a prefill block larger than the decode block:
 the request comes back without tokens); every engine command is bounded by --timeout-s.
 --tiny: the 2-layer test model, 230-token prompts, 2 requests, the pairs 32:32 and 64:32 (the
-README's two-engine example). Writes vllm_pd_cpu.json (and .md) under --out.
+README's two-engine example). --model mla: a random DeepSeek-V3-architecture model (MLA latent
+rows, bf16), 2,048-token prompts; the pairs vLLM-CPU offers on this host (AMX: AMX_MLA, block
+sizes multiples of 32: 32:128, 128:32, 64:96, 128:128; no AMX: CPU_MLA, block 16 only: 16:16).
+--model v4: the tiny DeepSeek-V4 of the tests (five cache groups, fp8_ds_mla), 2,200-token
+prompts (550 compressed rows > index_topk 512: the indexer selects), 3 requests, 256:256 (what
+vllm-cpu forces on both engines), with vllm-cpu 0.32's V4 workarounds in the engines' processes
+(benchmarks/v4_site). Writes vllm_pd_cpu.json (mla: vllm_pd_mla_cpu, v4: vllm_pd_v4_cpu, and
+.md) under --out.
 """
 from __future__ import annotations
 
@@ -36,7 +43,22 @@ import tempfile
 import time
 from pathlib import Path
 
-from engines import Engines, Prompt, make_model  # benchmarks/engines.py, beside this file
+from engines import (Engines, Prompt, make_mla_model, make_model,  # benchmarks/engines.py
+                     make_v4_model)
+
+# per model: what differs from the Llama (prompt ids, engine arguments, defaults, results name)
+MODELS = {
+    "llama": {"ids": (1, 128), "engine": {}, "tokens": 8192, "requests": 4, "layers": 8,
+              "name": "vllm_pd_cpu"},
+    "mla": {"ids": (1, 128), "engine": {"dtype": "bfloat16"}, "tokens": 2048, "requests": 4,
+            "layers": 4, "name": "vllm_pd_mla_cpu"},
+    "v4": {"ids": (2, 1000), "engine": {"dtype": "bfloat16", "v4": True, "max_len": 4096}, "tokens": 2200,
+           "requests": 3, "pairs": "256:256", "name": "vllm_pd_v4_cpu"},
+}
+
+
+def has_amx() -> bool:
+    return " amx_tile" in Path("/proc/cpuinfo").read_text()
 
 CLASS = {"kvcache_ext": "KvcacheExtConnector", "nixl": "NixlConnector"}
 
@@ -77,7 +99,8 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
              args, log_dir: str) -> dict:
     os.makedirs(log_dir, exist_ok=True)
     stats = os.path.join(log_dir, f"reads-{bp}-{bd}.jsonl")
-    kw = {"connector": CLASS[connector], "max_len": args.tokens + 64, "policy": "fail"}
+    kw = {"connector": CLASS[connector], "max_len": args.tokens + 64, "policy": "fail",
+          **MODELS[args.model]["engine"]}
     if connector == "kvcache_ext":
         extra_p, extra_d, env_p, env_d = {}, {"stats_path": stats}, {}, {}
     else:
@@ -87,7 +110,7 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
     t = time.time()
     p = eng.start(f"P{bp}", bp, 0, extra=extra_p, env=env_p, wait=False, **kw)
     d = eng.start(f"D{bd}", bd, 1, extra=extra_d, env=env_d, wait=False, **kw)
-    eng.wait(p), eng.wait(d)
+    eng.wait(p, args.timeout_s), eng.wait(d, args.timeout_s)
     out = {"connector": connector, "prefill_block": bp, "decode_block": bd,
            "start_s": time.time() - t, "requests": []}
     try:
@@ -122,6 +145,10 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
                          read_ok=delta("xfer_time_seconds_count") > 0)
             r["gbps"] = r["bytes"] / r["transfer_s"] / 1e9 if r.get("transfer_s") else None
             r["same_first_token"] = bool(got.tokens) and got.tokens[:1] == own.tokens[:1]
+            # a near tie (top-2 gap) can flip a greedy token between engines with equal bytes
+            r["logprob_diff"] = (abs(got.logprobs[0] - own.logprobs[0])
+                                 if got.logprobs and own.logprobs else None)
+            r["recompute_top2_gap"] = own.top2_gaps[0] if own.top2_gaps else None
             out["requests"].append(r)
             print(f"  {connector} {bp}->{bd} request {i}: ttft {r['ttft_s']} s, recompute "
                   f"{own.first_token_s:.3f} s, tokens {got.tokens} vs {own.tokens}, "
@@ -147,7 +174,9 @@ def summarize(out: dict) -> dict:
         "ttft_s": med("ttft_s"), "recompute_ttft_s": med("recompute_ttft_s", rest),
         "first_request_ttft_s": reqs[0]["ttft_s"] if reqs else None,
         "bytes": med("bytes"), "descriptors": med("descriptors"), "transfer_s": med("transfer_s"),
-        "gbps": med("gbps"), "finish": sorted({str(r["finish"]) for r in reqs}),
+        "gbps": med("gbps"), "logprob_diff": max(
+            (r["logprob_diff"] for r in reqs if r.get("logprob_diff") is not None), default=None),
+        "finish": sorted({str(r["finish"]) for r in reqs}),
         "path": ", ".join(sorted({r["path"] for r in reqs if r.get("path")})) or "-"}
     return out
 
@@ -159,8 +188,9 @@ def markdown(res: dict) -> str:
              f"torch {m['torch']}, nixl {m['nixl']}; model {res['model']}; prompts of "
              f"{res['tokens']} tokens; medians of requests 2..{res['requests']}", "",
              "| connector | P block -> D block | served right | TTFT | recompute TTFT | "
-             "first request TTFT | MB moved | descriptors NIXL posted | path | transfer | GB/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "first request TTFT | MB moved | descriptors NIXL posted | path | transfer | GB/s | "
+             "max first-token logprob diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
@@ -174,7 +204,8 @@ def markdown(res: dict) -> str:
                      f"| {f(s['ttft_s'], '.3f')} s | {f(s['recompute_ttft_s'], '.3f')} s | "
                      f"{f(s['first_request_ttft_s'], '.3f')} s | "
                      f"{f(s['bytes'] and s['bytes'] / 1e6, '.1f')} | {f(s['descriptors'], '.0f')} "
-                     f"| {s['path']} | {f(s['transfer_s'], '.4f')} s | {f(s['gbps'], '.2f')} |")
+                     f"| {s['path']} | {f(s['transfer_s'], '.4f')} s | {f(s['gbps'], '.2f')} | "
+                     f"{f(s.get('logprob_diff'), '.2g')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -182,28 +213,49 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="benchmarks/out")
     ap.add_argument("--tiny", action="store_true")
-    ap.add_argument("--requests", type=int, default=4)
-    ap.add_argument("--tokens", type=int, default=8192)
-    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--model", choices=sorted(MODELS), default="llama")
+    ap.add_argument("--requests", type=int, default=None)
+    ap.add_argument("--tokens", type=int, default=None)
+    ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--pairs", default="32:32,32:64,64:32")
+    ap.add_argument("--pairs", default=None)
     ap.add_argument("--connectors", default="kvcache_ext,nixl")
     ap.add_argument("--timeout-s", type=float, default=300.0)
     args = ap.parse_args()
-    if args.tiny:
+    m = MODELS[args.model]
+    args.requests = args.requests or m["requests"]
+    args.tokens = args.tokens or m["tokens"]
+    args.layers = args.layers or m.get("layers", 4)
+    args.pairs = args.pairs or m.get("pairs") or (
+        "32:32,32:64,64:32" if args.model == "llama" else
+        "32:128,128:32,64:96,128:128" if has_amx() else "16:16")
+    if args.tiny and args.model == "llama":
         args.requests, args.tokens, args.layers, args.kv_heads, args.head_dim = 2, 230, 2, 2, 32
         args.pairs = "32:32,64:32"
     pairs = [tuple(int(x) for x in p.split(":")) for p in args.pairs.split(",")]
-    res = {"meta": meta(), "tokens": args.tokens, "requests": args.requests,
-           "model": f"random Llama, {args.layers} layers, {args.kv_heads} KV heads, head_dim "
-                    f"{args.head_dim}, fp32 ({args.layers * args.kv_heads * 2 * args.head_dim * 4}"
-                    f" B per token)", "pairs": []}
-    rng = random.Random(0)
-    prompts = [[rng.randrange(1, 128) for _ in range(args.tokens)] for _ in range(args.requests)]
     log_dir = tempfile.mkdtemp(prefix="kvc-bench-vllm-")
-    model = make_model(os.path.join(log_dir, "model"), layers=args.layers,
-                       kv_heads=args.kv_heads, head_dim=args.head_dim)
+    folder = os.path.join(log_dir, "model")
+    if args.model == "llama":
+        model = make_model(folder, layers=args.layers, kv_heads=args.kv_heads,
+                           head_dim=args.head_dim)
+        about = (f"random Llama, {args.layers} layers, {args.kv_heads} KV heads, head_dim "
+                 f"{args.head_dim}, fp32 ({args.layers * args.kv_heads * 2 * args.head_dim * 4}"
+                 f" B per token)")
+    elif args.model == "mla":
+        model = make_mla_model(folder, layers=args.layers)
+        about = (f"random DeepSeek-V3 architecture (MLA), {args.layers} layers, bf16 latent rows "
+                 f"of 576 values ({args.layers * 1152} B per token), "
+                 f"{'AMX_MLA' if has_amx() else 'CPU_MLA'} backend")
+    else:
+        model = make_v4_model(folder)
+        about = ("tiny DeepSeek-V4 (compress ratios [0, 4, 128, 4], vLLM's dummy weights seeded "
+                 "per weight over +-0.5), fp8_ds_mla cache in five groups, BLHNC")
+    res = {"meta": meta(), "tokens": args.tokens, "requests": args.requests, "model": about,
+           "pairs": []}
+    rng = random.Random(0)
+    lo, hi = MODELS[args.model]["ids"]
+    prompts = [[rng.randrange(lo, hi) for _ in range(args.tokens)] for _ in range(args.requests)]
     t = time.time()
     with Engines(model) as eng:
         for connector in args.connectors.split(","):
@@ -214,8 +266,9 @@ def main() -> None:
     res["seconds"] = time.time() - t
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "vllm_pd_cpu.json").write_text(json.dumps(res, indent=1))
-    (out / "vllm_pd_cpu.md").write_text(markdown(res))
+    name = MODELS[args.model]["name"]
+    (out / f"{name}.json").write_text(json.dumps(res, indent=1))
+    (out / f"{name}.md").write_text(markdown(res))
     print(markdown(res))
 
 
