@@ -197,3 +197,22 @@ def test_long_pieces_and_many_short_ones_are_cut_into_items():
     torch.ops.kvcache_ext.copy_spans(src.buffer, b.buffer, spans)
     assert torch.equal(a.buffer, b.buffer)
     assert int((a.buffer != POISON).sum()) > 3 << 20
+
+
+@pytest.mark.parametrize("na,nb", [(32, 64), (64, 32), (32, 6)])
+def test_a_regroup_past_the_streaming_size_moves_copy_spans_bytes(na, nb):
+    """16 MiB of vLLM-CPU pages (channel-major K, then V) between two block sizes, past the size
+    from which copy_runs streams whole 64-B lines past the cache (8 MiB): 128-B K pieces and the
+    V pages streamed; with block 6, 24-B K pieces copied as before beside streamed V pages in one
+    op -- every byte equal to copy_spans into a poisoned cache, random block tables."""
+    d, tokens = 64 * 4, 4096
+    spec = kvc.CacheSpec("kv", 2 * d, 2, 4, split=(d, d), channel_major=4)
+    ba, bb = tokens // na + 1, -(-tokens // nb) + 1
+    a = kvc.plan_cache([spec], ba, na, "LBHNC")
+    b = kvc.plan_cache([spec], bb, nb, "LBHNC")
+    g = torch.Generator().manual_seed(na * 100 + nb)
+    ta, tb = torch.randperm(ba, generator=g)[:ba - 1], torch.randperm(bb, generator=g)[:bb - 1]
+    xp = kvc.TransferPlan(a, b)
+    runs, spans = xp.token_runs(ta, tb, tokens), xp.token_spans(ta, tb, tokens)
+    assert int(spans[:, 2].sum()) == 16 << 20
+    same_bytes(filled(a, na), b, runs, spans)

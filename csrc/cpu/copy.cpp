@@ -1,6 +1,10 @@
 // The CPU loop of copy_spans: memcpy of every chunk (core/params.h CopyParams), in parallel.
 #include <ATen/Parallel.h>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -36,6 +40,27 @@ namespace kvc::cpu {
 
 namespace {
 
+// A regroup larger than this streams whole 64-B lines past the cache (non-temporal stores, as
+// glibc's memcpy does for large copies): a destination that does not fit in cache would
+// otherwise be read in before it is overwritten, a third pass over the bytes.
+constexpr int64_t kStreamBytes = 8 << 20;
+
+#if defined(__x86_64__) || defined(_M_X64)
+// count pieces of len bytes (len a multiple of 64, every destination piece 64-B aligned) with
+// SSE2 non-temporal stores; the caller fences.
+void stream_pieces(const uint8_t* from, uint8_t* to, int64_t len, int64_t sa, int64_t sb,
+                   int64_t count) {
+  for (int64_t j = 0; j < count; ++j, from += sa, to += sb)
+    for (int64_t k = 0; k < len; k += 16)
+      _mm_stream_si128(reinterpret_cast<__m128i*>(to + k),
+                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + k)));
+}
+constexpr bool kCanStream = true;
+#else
+void stream_pieces(const uint8_t*, uint8_t*, int64_t, int64_t, int64_t, int64_t) {}
+constexpr bool kCanStream = false;
+#endif
+
 // count pieces of len bytes (a multiple of W) as W-byte moves the compiler inlines: the regroup
 // of a channel-major page is 64..512-B pieces, where a call of memcpy per piece costs as much
 // as its bytes.
@@ -52,19 +77,29 @@ void copy_pieces(const uint8_t* from, uint8_t* to, int64_t len, int64_t sa, int6
 // them to about kCpuCopyChunkBytes each, so equal items are equal work).
 void copy_run_items(const RunCopyParams& p) {
   const int64_t* r = p.items;
+  int64_t total = 0;
+  for (int64_t i = 0; i < p.num_items; ++i) total += r[6 * i + 2] * r[6 * i + 5];
+  const bool stream = kCanStream && total >= kStreamBytes;
   at::parallel_for(0, p.num_items, 4, [&](int64_t begin, int64_t end) {
+    bool streamed = false;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t* c = r + 6 * i;
       const uint8_t* from = p.src + c[0];
       uint8_t* to = p.dst + c[1];
       const int64_t len = c[2], sa = c[3], sb = c[4], count = c[5];
-      if (count > 1 && len <= 1024 && len % 32 == 0)
+      if (stream && len % 64 == 0 && sb % 64 == 0 && reinterpret_cast<uintptr_t>(to) % 64 == 0) {
+        stream_pieces(from, to, len, sa, sb, count);
+        streamed = true;
+      } else if (count > 1 && len <= 1024 && len % 32 == 0)
         copy_pieces<32>(from, to, len, sa, sb, count);
       else if (count > 1 && len <= 1024 && len % 8 == 0)
         copy_pieces<8>(from, to, len, sa, sb, count);
       else
         for (int64_t j = 0; j < count; ++j, from += sa, to += sb) std::memcpy(to, from, len);
     }
+#if defined(__x86_64__) || defined(_M_X64)
+    if (streamed) _mm_sfence();  // the streamed lines are visible before the op returns
+#endif
   });
 }
 
