@@ -133,8 +133,9 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
                          spans=last.get("spans", 0), path=last.get("path", ""),
                          transfer_s=last.get("read_s", 0.0), load_s=last.get("seconds", 0.0),
                          read_ok=bool(last.get("ok")),
-                         **{k: last.get(k) for k in ("peer_s", "acquire_s", "plan_s", "runs",
-                                                     "build_s", "move_s", "unpack_s")})
+                         **{k: last.get(k) for k in ("peer_s", "acquire_s", "plan_s",
+                                                     "plan_cpu_s", "runs", "build_s", "move_s",
+                                                     "unpack_s")})
             else:
                 def delta(k: str) -> float:
                     return m1.get(f"vllm:nixl_{k}", 0) - m0.get(f"vllm:nixl_{k}", 0)
@@ -174,7 +175,11 @@ def summarize(out: dict) -> dict:
         "ttft_s": med("ttft_s"), "recompute_ttft_s": med("recompute_ttft_s", rest),
         "first_request_ttft_s": reqs[0]["ttft_s"] if reqs else None,
         "bytes": med("bytes"), "descriptors": med("descriptors"), "transfer_s": med("transfer_s"),
-        "gbps": med("gbps"), "logprob_diff": max(
+        "gbps": med("gbps"), "plan_s": med("plan_s"), "plan_cpu_s": med("plan_cpu_s"),
+        "plan_s_max": max((r["plan_s"] for r in ok if r.get("plan_s") is not None), default=None),
+        "plan_cpu_s_max": max((r["plan_cpu_s"] for r in ok if r.get("plan_cpu_s") is not None),
+                              default=None),
+        "unpack_s": med("unpack_s"), "logprob_diff": max(
             (r["logprob_diff"] for r in reqs if r.get("logprob_diff") is not None), default=None),
         "finish": sorted({str(r["finish"]) for r in reqs}),
         "path": ", ".join(sorted({r["path"] for r in reqs if r.get("path")})) or "-"}
@@ -189,15 +194,22 @@ def markdown(res: dict) -> str:
              f"{res['tokens']} tokens; medians of requests 2..{res['requests']}", "",
              "| connector | P block -> D block | served right | TTFT | recompute TTFT | "
              "first request TTFT | MB moved | descriptors NIXL posted | path | transfer | GB/s | "
+             "of which planning, wall / CPU (max) | of which regroup | "
              "max first-token logprob diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
+
+    def ms(v):
+        return f(v and v * 1e3, ".2f")
     for r in res["pairs"]:
         s = r["summary"]
         served = f"{s['served_right']}/{s['requests']}" + (f" ({r['error'][:60]})"
                                                             if r.get("error") else "")
+        plan = "-" if s.get("plan_s") is None else (
+            f"{ms(s['plan_s'])} / {ms(s.get('plan_cpu_s'))} ({ms(s.get('plan_s_max'))} / "
+            f"{ms(s.get('plan_cpu_s_max'))}) ms")
         if not s["ttft_s"]:
             served += f", finish {', '.join(s['finish'])}"
         lines.append(f"| {r['connector']} | {r['prefill_block']} -> {r['decode_block']} | {served} "
@@ -205,7 +217,8 @@ def markdown(res: dict) -> str:
                      f"{f(s['first_request_ttft_s'], '.3f')} s | "
                      f"{f(s['bytes'] and s['bytes'] / 1e6, '.1f')} | {f(s['descriptors'], '.0f')} "
                      f"| {s['path']} | {f(s['transfer_s'], '.4f')} s | {f(s['gbps'], '.2f')} | "
-                     f"{f(s.get('logprob_diff'), '.2g')} |")
+                     f"{plan} | "
+                     f"{ms(s.get('unpack_s'))} ms | {f(s.get('logprob_diff'), '.2g')} |")
     return "\n".join(lines) + "\n"
 
 

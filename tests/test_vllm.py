@@ -78,6 +78,7 @@ def test_reads_move_exactly_the_tokens_asked(run) -> None:
     assert len(reads) >= len(PAIRS) * len(LENGTHS)
     for r in reads:
         assert r["bytes"] == r["tokens"] * TOKEN_BYTES, r
+        assert 0 < r["plan_cpu_s"] <= r["plan_s"] + 1e-4, r  # planning's CPU time, reported
 
 
 def test_partial_local_hit_reads_only_what_is_missing(run) -> None:

@@ -167,18 +167,18 @@ class Endpoint(PeerTable, TransferResources):
                     dst_start: int = 0, path: str = "auto") -> TransferHandle:
         """Pull num_tokens tokens (from src_start in the peer's block table, to dst_start in
         ours) into our cache, any two block sizes: the runs planned in compiled code
-        (TransferPlan.token_runs, the plan pair kept per peer), timed as stats.plan_s, then
-        read(peer, runs, path) -- staged and re-tiled in one pass where that is cheaper."""
+        (TransferPlan.token_runs, the plan pair kept per peer), timed as stats.plan_s (wall)
+        and stats.plan_cpu_s (this thread's CPU), then read(peer, runs, path) -- staged and re-tiled in one pass where that is cheaper."""
         self._check_open()
         if not isinstance(peer, Peer) or self._peers.get(peer.name) is not peer:
             raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "
                              f"removed since), got {peer!r:.80}")
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         runs = self.transfer_plan(peer).token_runs(src_block_table, dst_block_table, num_tokens,
                                                    src_start, dst_start)
-        plan_s = time.perf_counter() - t
+        plan_s, plan_cpu_s = time.perf_counter() - t, time.thread_time() - c
         handle = self._transfer("READ", peer, runs, path)
-        handle.stats.plan_s = plan_s
+        handle.stats.plan_s, handle.stats.plan_cpu_s = plan_s, plan_cpu_s
         return handle
 
     def write(self, peer: Peer, spans: torch.Tensor, path: str = "auto") -> TransferHandle:

@@ -28,7 +28,8 @@ class ConnectorConfig:
     stats_path: str = ""           # consumer: one JSON line per read appended here (request,
     #                                 start, tokens, spans, bytes, seconds, ok, error; the read's
     #                                 path, pieces NIXL posted, staged_bytes; the seconds of each
-    #                                 stage: peer_s, acquire_s, plan_s, read_s)
+    #                                 stage: peer_s, acquire_s, plan_s (plan_cpu_s: its CPU
+    #                                 time), read_s)
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> "ConnectorConfig":

@@ -214,13 +214,13 @@ class WorkerSide:
             handle = self.ep.read_tokens(peer, *tables, rs.count, rs.start, rs.start)
             return handle, lambda spec=None: spans_of_runs(self.ep.transfer_plan(
                 peer).token_runs(*tables, rs.count, rs.start, rs.start))
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         tables, firsts = self._tables(r.block_ids, rs.local_block_ids, rs)
         end = rs.start + rs.count
         spans = group_spans(peer.plan, self.ep.plan, tables, firsts, end, rs.start)
-        plan_s = time.perf_counter() - t
+        plan_s, plan_cpu_s = time.perf_counter() - t, time.thread_time() - c
         handle = self.ep.read(peer, spans)
-        handle.stats.plan_s = plan_s
+        handle.stats.plan_s, handle.stats.plan_cpu_s = plan_s, plan_cpu_s
         return handle, lambda spec=None: spans if spec is None else group_spans(
             peer.plan, self.ep.plan, tables, firsts, end, rs.start, spec)
 
@@ -284,7 +284,7 @@ class WorkerSide:
             handle.wait(left())
             handle = None
             lap("read_s", t)
-            times["plan_s"] = xfer.plan_s
+            times["plan_s"], times["plan_cpu_s"] = xfer.plan_s, xfer.plan_cpu_s
             times["read_s"] -= xfer.plan_s
             if dbg.get("corrupt"):  # the tokens must show it (tests): every value it read
                 # (True) or one spec's (its name), changed but finite
