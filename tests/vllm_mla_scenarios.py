@@ -18,16 +18,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from engines import Engines, Prompt, external_hits, make_mla_model, read_stats  # noqa: E402
+from engines import (Engines, Prompt, external_hits, has_amx, make_mla_model,  # noqa: E402
+                     read_stats)
 
 LENGTHS = (1, 31, 33, 129, 300)
 ROW_BYTES = 576 * 2   # bf16 latent row
 LAYERS = 2
-
-
-def has_amx() -> bool:
-    text = Path("/proc/cpuinfo").read_text()
-    return " amx_tile" in text
 
 
 def ids(n: int, seed: int) -> list[int]:

@@ -55,9 +55,12 @@ void stream_pieces(const uint8_t* from, uint8_t* to, int64_t len, int64_t sa, in
       _mm_stream_si128(reinterpret_cast<__m128i*>(to + k),
                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + k)));
 }
+// the streamed lines are visible (to other threads, and after the op returns) once it is run
+void stream_fence() { _mm_sfence(); }
 constexpr bool kCanStream = true;
 #else
 void stream_pieces(const uint8_t*, uint8_t*, int64_t, int64_t, int64_t, int64_t) {}
+void stream_fence() {}
 constexpr bool kCanStream = false;
 #endif
 
@@ -97,9 +100,7 @@ void copy_run_items(const RunCopyParams& p) {
       else
         for (int64_t j = 0; j < count; ++j, from += sa, to += sb) std::memcpy(to, from, len);
     }
-#if defined(__x86_64__) || defined(_M_X64)
-    if (streamed) _mm_sfence();  // the streamed lines are visible before the op returns
-#endif
+    if (streamed) stream_fence();
   });
 }
 
