@@ -100,7 +100,8 @@
   X(check_runs, "Tensor runs, int src_bytes, int dst_bytes, str name=\"runs\"", "", "", "runs")  \
   /* Runs between two buffers (a re-tiling: one parallel CPU loop or one CUDA launch). */             \
   X(copy_runs, "Tensor src, Tensor(a!) dst, Tensor runs", "", "", "runs")                            \
-  /* The runs moving a request's tokens between two plans (plan_runs.cpp). */                         \
+  /* The runs moving a request's tokens between two plans (plan_runs.cpp); runs of 0 rows: count */  \
+  /* them only (into count), so the caller can allocate exactly that many. */                          \
   X(plan_token_runs,                                                                                   \
     "Tensor moves, Tensor src_table, Tensor dst_table, int src_block_size, int dst_block_size, "      \
     "int src_num_blocks, int dst_num_blocks, int num_tokens, int src_start, int dst_start, "          \

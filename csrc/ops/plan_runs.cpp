@@ -39,16 +39,19 @@ struct Chunk {
   int64_t sb, db, sn, dn, k;  // src block, dst block, first token in each, tokens
 };
 
-// Appends runs, merging each into the last where that stays one run.
+// Emits runs, merging each into the open one where that stays one run; a run is written out
+// once the next one cannot join it. out == nullptr: counts them only (the caller then
+// allocates exactly that many rows: no over-allocated table, no copy of it).
 struct Emitter {
   int64_t* out;
-  int64_t cap, n = 0;
+  int64_t cap, n = 0;  // n: runs closed so far
+  int64_t L[6] = {};   // the open run
+  bool open = false;
 
   void add(int64_t a, int64_t b, int64_t len, int64_t sa, int64_t sb, int64_t cnt) {
     if (len == 0) return;
     if (cnt == 1) sa = sb = len;
-    if (n > 0) {
-      int64_t* L = out + 6 * (n - 1);
+    if (open) {
       if (L[5] == 1 && cnt == 1 && L[0] + L[2] == a && L[1] + L[2] == b) {
         L[2] += len, L[3] = L[4] = L[2];
         return;
@@ -66,10 +69,19 @@ struct Emitter {
           return;
         }
       }
+      close();
     }
-    TORCH_CHECK(n < cap, "plan_token_runs: more runs than the ", cap, " rows given");
-    int64_t* o = out + 6 * n++;
-    o[0] = a, o[1] = b, o[2] = len, o[3] = sa, o[4] = sb, o[5] = cnt;
+    L[0] = a, L[1] = b, L[2] = len, L[3] = sa, L[4] = sb, L[5] = cnt;
+    open = true;
+  }
+
+  void close() {
+    if (!open) return;
+    if (out != nullptr) {
+      TORCH_CHECK(n < cap, "plan_token_runs: more runs than the ", cap, " rows given");
+      std::copy(L, L + 6, out + 6 * n);
+    }
+    ++n, open = false;
   }
 };
 
@@ -113,6 +125,7 @@ void plan_token_runs(const Tensor& moves, const Tensor& src_table, const Tensor&
   const int64_t* st = table_arg(src_table, "src_table");
   const int64_t* dt = table_arg(dst_table, "dst_table");
   int64_t* out = const_cast<int64_t*>(rows_arg(runs, 6, "runs"));
+  if (runs.size(0) == 0) out = nullptr;  // count only
   TORCH_CHECK_VALUE(count.scalar_type() == at::kLong && count.numel() == 1 && count.is_cpu(),
                     "count must be a CPU int64 tensor of one element");
   const int64_t ns = src_block_size, nd = dst_block_size;
@@ -152,6 +165,7 @@ void plan_token_runs(const Tensor& moves, const Tensor& src_table, const Tensor&
         for (idx[order[2]] = 0; idx[order[2]] < size[order[2]]; ++idx[order[2]])
           emit(e, m, chunks[idx[1]], idx[0], idx[2], grouped, ns, nd);
   }
+  e.close();
   count.data_ptr<int64_t>()[0] = e.n;
 }
 

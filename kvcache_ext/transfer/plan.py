@@ -154,9 +154,6 @@ class TransferPlan:
         # what depends only on the two plans, for the compiled planner: one row per moved spec
         self.move_table = torch.tensor([_move_row(m) for m in moves], dtype=torch.int64).reshape(
             -1, _MOVE_FIELDS)
-        self._runs_per_chunk = sum(m.layers[2] * (m.heads[2] if m.split is not None or not (
-            m.heads[2] == 1 or (m.src.head_stride == m.row_bytes and
-                                m.dst.head_stride == m.row_bytes)) else 1) * 2 for m in moves)
 
     @property
     def specs(self) -> tuple[str, ...]:
@@ -232,14 +229,15 @@ class TransferPlan:
         # form, so a request's planning stays a few torch calls
         src_table = _table_form(src_block_table, "src_block_table", src_start, num_tokens, ns)
         dst_table = _table_form(dst_block_table, "dst_block_table", dst_start, num_tokens, nd)
-        # chunks break at either side's blocks: at most the blocks touched on both, less one
-        chunks = ((src_start + num_tokens - 1) // ns - src_start // ns
-                  + (dst_start + num_tokens - 1) // nd - dst_start // nd + 1)
-        runs = torch.empty(chunks * self._runs_per_chunk, 6, dtype=torch.int64)
+        args = (self.move_table, src_table, dst_table, ns, nd, sp.num_blocks, dp.num_blocks,
+                num_tokens, src_start, dst_start)
+        # counted first, then written into exactly that many rows: a request's tables are new
+        # memory (first-touch page faults cost more than the pass that counts them)
         count = torch.zeros(1, dtype=torch.int64)
-        _ops.plan_token_runs(self.move_table, src_table, dst_table, ns, nd, sp.num_blocks,
-                             dp.num_blocks, num_tokens, src_start, dst_start, runs, count)
-        return runs[:int(count)].clone()  # not the whole over-allocated table
+        _ops.plan_token_runs(*args, torch.empty(0, 6, dtype=torch.int64), count)
+        runs = torch.empty(int(count), 6, dtype=torch.int64)
+        _ops.plan_token_runs(*args, runs, count)
+        return runs
 
     # ---- the span math -----------------------------------------------------------------------
     def _spans(self, sb: torch.Tensor, db: torch.Tensor, sn: torch.Tensor, dn: torch.Tensor,

@@ -180,6 +180,8 @@ class WorkerSide:
                         self.ep.remove_peer(known[2])
                     known = (*fetched, self.ep.add_peer(blob))
                     self._peers[key] = known
+                    if self.vplan is None:  # what depends only on the two plans, made once
+                        self.ep.transfer_plan(known[2])  # here, not in a request's plan_s
         engine_id, instance, peer = known
         if engine_id != r.engine_id:
             raise LoadError(f"the producer at {r.host}:{r.port} is engine {engine_id!r}, the "
