@@ -68,6 +68,7 @@ class SchedulerSide:
         the reader, and say where they are (NixlConnector's keys, one block list per group,
         and the hand-off's instance and generation)."""
         p = request.kv_transfer_params
+        self._local_hit.pop(request.request_id, None)  # ended (aborted) before its allocation
         if p and p.get("do_remote_prefill"):  # a decode request that ended before its read: the
             p["do_remote_prefill"] = False      # producer may free the prompt's blocks now
             try:

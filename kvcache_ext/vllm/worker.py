@@ -167,6 +167,7 @@ class WorkerSide:
         key = (r.host, r.port)
         with self._peer_lock:
             known = self._peers.get(key)
+        added = None
         if known is None or known[1] != r.instance:
             reply, blob = call(r.host, r.port, {"op": "meta"}, timeout_s)
             if reply.get("layers") != self.layer_names:
@@ -180,8 +181,9 @@ class WorkerSide:
                         self.ep.remove_peer(known[2])
                     known = (*fetched, self.ep.add_peer(blob))
                     self._peers[key] = known
-                    if self.vplan is None:  # what depends only on the two plans, made once
-                        self.ep.transfer_plan(known[2])  # here, not in a request's plan_s
+                    added = known[2]
+            if added is not None and self.vplan is None:  # what depends only on the two
+                self.ep.transfer_plan(added)  # plans, made once: here, not in a read's plan_s
         engine_id, instance, peer = known
         if engine_id != r.engine_id:
             raise LoadError(f"the producer at {r.host}:{r.port} is engine {engine_id!r}, the "

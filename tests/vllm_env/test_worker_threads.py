@@ -20,6 +20,7 @@ class FakeEndpoint:
     def __init__(self) -> None:
         self.added: list[bytes] = []
         self.removed: list[object] = []
+        self.planned: list[object] = []
 
     def add_peer(self, blob: bytes):
         self.added.append(blob)
@@ -27,6 +28,9 @@ class FakeEndpoint:
 
     def remove_peer(self, peer) -> None:
         self.removed.append(peer)
+
+    def transfer_plan(self, peer):
+        self.planned.append(peer)
 
 
 def consumer(monkeypatch, answer) -> W.WorkerSide:
@@ -70,6 +74,8 @@ def test_a_restarted_producer_replaces_its_peer_once(monkeypatch):
     second = ws._peer(remote("h", "two"), 1.0)
     assert second is not first and ws.ep.removed == [first]
     assert ws._peer(remote("h", "two"), 1.0) is second and len(ws.ep.added) == 2
+    # the plan pair is made at each handshake (once per producer instance), not per read
+    assert ws.ep.planned == [first, second]
 
 
 def test_a_silent_producer_holds_up_no_other_read(monkeypatch):
@@ -107,4 +113,4 @@ def test_concurrent_first_reads_add_one_peer(monkeypatch):
     for th in threads:
         th.join(10)
     assert len(got) == 8 and all(p is got[0] for p in got)
-    assert ws.ep.added == [b"producer-i"]
+    assert ws.ep.added == [b"producer-i"] and ws.ep.planned == [got[0]]
