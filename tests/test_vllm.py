@@ -147,6 +147,7 @@ def test_what_the_connector_refuses_names_the_field_or_layer(run) -> None:
     assert r["supported"] == "accepted" and r["vllm's tensors"] == "accepted"
     assert "cache_config.cache_dtype = 'fp8'" in r["fp8 cache"]
     assert "layer 'model.layers.0.self_attn.attn': 2 KV heads per layer" in r["two groups"]
+    assert "disable_hybrid_kv_cache_manager=True" in r["two groups"]  # what to do instead
     assert "parallel_config.tensor_parallel_size = 2" in r["tp 2"]
     assert "parallel_config.pipeline_parallel_size = 2" in r["pp 2"]
     assert "['hold_timeout']" in r["unknown key"]

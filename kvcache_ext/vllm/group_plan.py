@@ -59,7 +59,9 @@ def _row(layer: str, s) -> tuple[int, tuple[int, int] | None]:
     heads = getattr(s, "num_head_slots", None) or s.num_kv_heads
     if heads != 1:
         raise ValueError(f"layer {layer!r}: {heads} KV heads per layer; the connector moves "
-                         f"one-head (MLA / DeepSeek) rows in a grouped cache")
+                         f"one-head (MLA / DeepSeek) rows in a grouped cache (for a K/V model "
+                         f"whose layers differ, e.g. sliding-window and full attention, start "
+                         f"vLLM with disable_hybrid_kv_cache_manager=True: one group)")
     content = getattr(s, "state_content_bytes", None)
     row = content if content is not None else (s.head_size + (s.head_size_v or 0)) * es
     dtype_str = getattr(s, "cache_dtype_str", None)
