@@ -171,6 +171,8 @@ def summarize(out: dict) -> dict:
         "plan_s_max": max((r["plan_s"] for r in ok if r.get("plan_s") is not None), default=None),
         "plan_cpu_s_max": max((r["plan_cpu_s"] for r in ok if r.get("plan_cpu_s") is not None),
                               default=None),
+        "first_request_plan_s": reqs[0].get("plan_s") if reqs else None,
+        "first_request_plan_cpu_s": reqs[0].get("plan_cpu_s") if reqs else None,
         "unpack_s": med("unpack_s"), "logprob_diff": max(
             (r["logprob_diff"] for r in reqs if r.get("logprob_diff") is not None), default=None),
         "finish": sorted({str(r["finish"]) for r in reqs}),
@@ -187,22 +189,23 @@ def markdown(res: dict) -> str:
              f"{res['tokens']} tokens; medians of requests 2..{res['requests']}", "",
              "| connector | P block -> D block | served right | TTFT | recompute TTFT | "
              "first request TTFT | MB moved | descriptors NIXL posted | path | transfer | GB/s | "
-             "of which planning, wall / CPU (max) | of which regroup | "
+             "of which planning, wall / CPU | of which regroup | "
              "max first-token logprob diff |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
-    def ms(v):
-        return f(v and v * 1e3, ".2f")
+    def ms(v):  # milliseconds, the unit with the figure
+        return "-" if v is None else f"{v * 1e3:.2f} ms"
     for r in res["pairs"]:
         s = r["summary"]
         served = f"{s['served_right']}/{s['requests']}" + (f" ({r['error'][:60]})"
                                                             if r.get("error") else "")
         plan = "-" if s.get("plan_s") is None else (
-            f"{ms(s['plan_s'])} / {ms(s.get('plan_cpu_s'))} ({ms(s.get('plan_s_max'))} / "
-            f"{ms(s.get('plan_cpu_s_max'))}) ms")
+            f"{ms(s['plan_s'])} / {ms(s.get('plan_cpu_s'))} (max {ms(s.get('plan_s_max'))} / "
+            f"{ms(s.get('plan_cpu_s_max'))}; first request {ms(s.get('first_request_plan_s'))} / "
+            f"{ms(s.get('first_request_plan_cpu_s'))})")
         if not s["ttft_s"]:
             served += f", finish {', '.join(s['finish'])}"
         lines.append(f"| {r['connector']} | {r['prefill_block']} -> {r['decode_block']} | {served} "
@@ -211,7 +214,7 @@ def markdown(res: dict) -> str:
                      f"{f(s['bytes'] and s['bytes'] / 1e6, '.1f')} | {f(s['descriptors'], '.0f')} "
                      f"| {s['path']} | {f(s['transfer_s'], '.4f')} s | {f(s['gbps'], '.2f')} | "
                      f"{plan} | "
-                     f"{ms(s.get('unpack_s'))} ms | {f(s.get('logprob_diff'), '.2g')} |")
+                     f"{ms(s.get('unpack_s'))} | {f(s.get('logprob_diff'), '.2g')} |")
     return "\n".join(lines) + "\n"
 
 

@@ -113,6 +113,11 @@ def cases(device: str):
             cache.plan.block_size, other.plan.block_size, cache.plan.num_blocks,
             other.plan.num_blocks, 10, 0, 0, torch.empty(4096, 6, dtype=torch.long),
             torch.zeros(1, dtype=torch.long))),
+        "plan_token_runs count only": (OPS.plan_token_runs, (  # a runs table of 0 rows
+            kvc.TransferPlan(cache.plan, other.plan).move_table, torch.arange(4), torch.arange(4),
+            cache.plan.block_size, other.plan.block_size, cache.plan.num_blocks,
+            other.plan.num_blocks, 10, 0, 0, torch.empty(0, 6, dtype=torch.long),
+            torch.zeros(1, dtype=torch.long))),
     }
 
 

@@ -130,6 +130,15 @@ def test_the_vllm_request_is_few_runs_and_checks_like_spans():
         with pytest.raises(err):
             xp.token_runs(*bad)
     assert xp.token_runs(ta, tb, 0).shape == (0, 6)
+    # the op's count-only pass (a runs table of 0 rows) gives exactly the rows the second needs:
+    # one row fewer is refused, nothing past the count is left unwritten
+    ops = torch.ops.kvcache_ext
+    args = (xp.move_table, ta.long(), tb.long(), 32, 64, a.num_blocks, b.num_blocks, 8192, 0, 0)
+    count = torch.zeros(1, dtype=torch.int64)
+    ops.plan_token_runs(*args, torch.empty(0, 6, dtype=torch.int64), count)
+    assert int(count) == runs.shape[0]
+    with pytest.raises(RuntimeError, match="more runs than the 16383 rows given"):
+        ops.plan_token_runs(*args, torch.empty(runs.shape[0] - 1, 6, dtype=torch.int64), count)
 
 
 @st.composite

@@ -159,7 +159,9 @@ class Endpoint(PeerTable, TransferResources):
                 if isinstance(peer.plan, GroupPlan) or isinstance(self.plan, GroupPlan):
                     raise ValueError("transfer_plan / read_tokens are for cache plans; caches "
                                      "of group plans read GroupTransferPlan spans with read()")
-                xp = self._xplans[peer.name] = TransferPlan(peer.plan, self.plan)
+                xp = TransferPlan(peer.plan, self.plan)
+                if self._peers.get(peer.name) is peer:  # not kept for a peer removed meanwhile
+                    self._xplans[peer.name] = xp
             return xp
 
     def read_tokens(self, peer: Peer, src_block_table: torch.Tensor,
@@ -168,7 +170,8 @@ class Endpoint(PeerTable, TransferResources):
         """Pull num_tokens tokens (from src_start in the peer's block table, to dst_start in
         ours) into our cache, any two block sizes: the runs planned in compiled code
         (TransferPlan.token_runs, the plan pair kept per peer), timed as stats.plan_s (wall)
-        and stats.plan_cpu_s (this thread's CPU), then read(peer, runs, path) -- staged and re-tiled in one pass where that is cheaper."""
+        and stats.plan_cpu_s (this thread's CPU), then read(peer, runs, path) -- staged and
+        re-tiled in one pass where that is cheaper."""
         self._check_open()
         if not isinstance(peer, Peer) or self._peers.get(peer.name) is not peer:
             raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "

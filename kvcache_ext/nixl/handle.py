@@ -35,8 +35,9 @@ class TransferStats:
     post to the last completion (staged: unpacks included); unpack_s: staged reads' copies out
     of the staging buffer (a staged read of runs: the regroup, copy_runs); plan_s: planning
     the runs (read_tokens; the caller's own planning is not seen here), wall time, and
-    plan_cpu_s the planning thread's CPU time in it (the rest: waiting for the GIL or a core). Where a transfer's time
-    went: plan_s, then build_s, then move_s, of which unpack_s is the regroup."""
+    plan_cpu_s the planning thread's CPU time in it (the rest: waiting for the GIL or a core).
+    Where a transfer's time went: plan_s, then build_s, then move_s, of which unpack_s is the
+    regroup."""
 
     path: str                 # "plain", "prepared", "strided" or "staged"
     spans: int                # spans asked for (runs: the pieces they stand for)
