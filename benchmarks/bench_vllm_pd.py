@@ -158,9 +158,14 @@ def summarize(out: dict) -> dict:
     rest = reqs[1:] or reqs
     ok = [r for r in rest if r["tokens"]]
 
+    def vals(key: str, rows) -> list:
+        return [r[key] for r in rows if r.get(key) is not None]
+
     def med(key: str, rows=ok):
-        vals = [r[key] for r in rows if r.get(key) is not None]
-        return statistics.median(vals) if vals else None
+        return statistics.median(vals(key, rows)) if vals(key, rows) else None
+
+    def most(key: str, rows=ok):
+        return max(vals(key, rows), default=None)
     out["served"] = sum(bool(r["tokens"]) and r["same_first_token"] for r in reqs)
     out["summary"] = {
         "requests": len(reqs), "served_right": out["served"],
@@ -168,13 +173,10 @@ def summarize(out: dict) -> dict:
         "first_request_ttft_s": reqs[0]["ttft_s"] if reqs else None,
         "bytes": med("bytes"), "descriptors": med("descriptors"), "transfer_s": med("transfer_s"),
         "gbps": med("gbps"), "plan_s": med("plan_s"), "plan_cpu_s": med("plan_cpu_s"),
-        "plan_s_max": max((r["plan_s"] for r in ok if r.get("plan_s") is not None), default=None),
-        "plan_cpu_s_max": max((r["plan_cpu_s"] for r in ok if r.get("plan_cpu_s") is not None),
-                              default=None),
+        "plan_s_max": most("plan_s"), "plan_cpu_s_max": most("plan_cpu_s"),
         "first_request_plan_s": reqs[0].get("plan_s") if reqs else None,
         "first_request_plan_cpu_s": reqs[0].get("plan_cpu_s") if reqs else None,
-        "unpack_s": med("unpack_s"), "logprob_diff": max(
-            (r["logprob_diff"] for r in reqs if r.get("logprob_diff") is not None), default=None),
+        "unpack_s": med("unpack_s"), "logprob_diff": most("logprob_diff", reqs),
         "finish": sorted({str(r["finish"]) for r in reqs}),
         "path": ", ".join(sorted({r["path"] for r in reqs if r.get("path")})) or "-"}
     return out
