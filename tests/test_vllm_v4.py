@@ -3,7 +3,8 @@ engines (tests/vllm_v4_scenarios.py under .venv-vllm, with the harness's V4 work
 consumer decodes its own tokens from the producer's rows, counts every prompt token as an
 external hit, and every spec's moved rows matter (corrupting them changes the log-probabilities
 beyond what a clean move changes them). Without .venv-vllm these skip, unless KVC_REQUIRE_VLLM=1
-(CI), where a missing vLLM fails."""
+(CI), where a missing vLLM fails. Where vLLM-CPU keeps V4's prefix caching on (AMX hosts), a
+consumer holding part of a prompt reads only the rest."""
 from __future__ import annotations
 
 import math
@@ -13,8 +14,10 @@ import pytest
 from vllm_runner import run_script
 
 NEAR_TIE = 0.05  # a baseline top-2 log-probability gap this small may flip (bf16 batching)
-CLEAN_LOGPROB = 0.05  # a clean move's logprobs against the consumer's own (0.0 here: AMD EPYC)
-CORRUPT_MIN = 1e-4  # a corrupted spec must move a logprob by more than this and 10x the clean
+# a clean move's logprobs against the consumer's own, in other batches (0.0 on AMD EPYC; one
+# bf16 rounding step of the logits, ~0.03, on an Intel Xeon with AMX)
+CLEAN_LOGPROB = 0.05
+CORRUPT_MIN = 1e-4  # a corrupted spec must move a logprob from its clean move's by more than this
 
 
 @pytest.fixture(scope="module")
@@ -26,16 +29,22 @@ def _first_diff(a: list, b: list) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
+def _like_own(p: dict) -> None:
+    """The consumer's tokens from moved rows are its own, but where its own top two were nearly
+    tied; their logprobs within a rounding step."""
+    assert len(p["tokens"]) == 8, p["len"]
+    at = _first_diff(p["tokens"], p["baseline"])
+    if at is not None:  # only where the consumer's own top two were nearly tied
+        assert p["baseline_gaps"][at] <= NEAR_TIE, (p["len"], at, p["baseline_gaps"])
+    else:
+        diff = max(abs(a - b) for a, b in zip(p["logprobs"], p["baseline_logprobs"]))
+        assert diff <= CLEAN_LOGPROB, (p["len"], diff)
+
+
 def test_the_consumer_decodes_its_own_tokens_from_the_moved_rows(run):
-    case = run["cases"]["together"]
-    for p in case["prompts"]:
-        assert p["finish"] == "length" and len(p["tokens"]) == 8, p["len"]
-        at = _first_diff(p["tokens"], p["baseline"])
-        if at is not None:  # only where the consumer's own top two were nearly tied
-            assert p["baseline_gaps"][at] <= NEAR_TIE, (p["len"], at, p["baseline_gaps"])
-        else:
-            diff = max(abs(a - b) for a, b in zip(p["logprobs"], p["baseline_logprobs"]))
-            assert diff <= CLEAN_LOGPROB, (p["len"], diff)
+    for p in run["cases"]["together"]["prompts"]:
+        assert p["finish"] == "length", p["len"]
+        _like_own(p)
 
 
 def test_every_prompt_token_is_an_external_hit_and_read_once(run):
@@ -45,20 +54,36 @@ def test_every_prompt_token_is_an_external_hit_and_read_once(run):
     assert sorted(r["tokens"] for r in run["reads_together"]) == sorted(run["lengths"])
 
 
-def _max_diff(c: dict) -> float:
-    return max(abs(a - b) if math.isfinite(a) else math.inf
-               for a, b in zip(c["logprobs"], c["baseline_logprobs"]))
+def _max_diff(a: list, b: list) -> float:
+    return max(abs(x - y) if math.isfinite(x) else math.inf for x, y in zip(a, b))
 
 
 def test_corrupting_any_specs_moved_rows_changes_the_logprobs(run):
-    cases = dict(run["cases"]["corrupt"])
-    clean = cases.pop("none")
-    assert clean["tokens"] == clean["baseline"]
-    clean_diff = max([_max_diff(clean)] + [_max_diff(p) for p in run["cases"]["together"]["prompts"]
-                                           if p["tokens"] == p["baseline"]])
-    assert clean_diff <= CLEAN_LOGPROB
-    assert set(cases) == {"g0.0", "g1.0", "g2.0", "g2.1", "g2.2", "g3.0", "g3.1", "g4.0"}
-    changed = {spec: (c["tokens"] != c["baseline"], _max_diff(c)) for spec, c in cases.items()}
-    print("clean:", clean_diff, "spec: (tokens changed, max |logprob change|):", changed)
-    floor = max(CORRUPT_MIN, 10 * clean_diff)
-    assert [s for s, (tok, d) in changed.items() if not tok and d <= floor] == []
+    """Each corrupted request against the clean move of the same prompt, both alone on both
+    engines: any difference is the corrupted bytes'."""
+    cases = run["cases"]["corrupt"]
+    clean: dict[int, dict] = {}
+    for c in cases:
+        if c["spec"] == "none":  # a clean move alone decodes the consumer's own tokens, and a
+            _like_own(c)         # second one of the same prompt the same logprobs exactly
+            if c["len"] in clean:
+                assert c["logprobs"] == clean[c["len"]]["logprobs"], c["len"]
+            clean.setdefault(c["len"], c)
+    assert sorted(c["len"] for c in cases if c["spec"] == "none") == [384, 384, 2200]
+    changed = {c["spec"]: (c["tokens"] != clean[c["len"]]["tokens"],
+                           _max_diff(c["logprobs"], clean[c["len"]]["logprobs"]))
+               for c in cases if c["spec"] != "none"}
+    print("spec: (tokens changed, max |logprob change| from the clean move):", changed)
+    assert set(changed) == {"g0.0", "g1.0", "g2.0", "g2.1", "g2.2", "g3.0", "g3.1", "g4.0"}
+    assert [s for s, (tok, d) in changed.items() if not tok and d <= CORRUPT_MIN] == []
+
+
+def test_a_partial_prefix_hit_reads_only_the_rest(run):
+    if not run["prefix_caching"]:
+        assert "partial" not in run["cases"]
+        pytest.skip(run["absent"])
+    case = run["cases"]["partial"]
+    _like_own(case)
+    assert case["external_hits"] == case["len"] - case["local"]
+    r = case["read"]
+    assert r["ok"] and (r["start"], r["tokens"]) == (case["local"], case["len"] - case["local"])
