@@ -81,9 +81,13 @@ def test_corrupting_any_specs_moved_rows_changes_the_logprobs(run):
 def test_a_partial_prefix_hit_reads_only_the_rest(run):
     if not run["prefix_caching"]:
         assert "partial" not in run["cases"]
+        print("absent here:", run["absent"])
         pytest.skip(run["absent"])
     case = run["cases"]["partial"]
     _like_own(case)
     assert case["external_hits"] == case["len"] - case["local"]
     r = case["read"]
     assert r["ok"] and (r["start"], r["tokens"]) == (case["local"], case["len"] - case["local"])
+    # fewer bytes than the whole 300-token prompt's read: not the 340 tokens' rows
+    whole = {x["tokens"]: x["bytes"] for x in run["reads_together"]}[300]
+    assert 0 < r["bytes"] < whole, (r["bytes"], whole)
