@@ -5,7 +5,8 @@ recomputes the prompt, on the same engine pairs and the same prompts. Run in .ve
 
     .venv-vllm/bin/python benchmarks/bench_vllm_pd.py [--out DIR] [--tiny] [--requests 4]
         [--model llama|mla|v4] [--tokens 8192] [--layers 8] [--kv-heads 4] [--head-dim 64]
-        [--pairs 32:32,32:64,64:32] [--connectors kvcache_ext,nixl] [--timeout-s 300]
+        [--pairs 32:32,32:64,64:32] [--connectors kvcache_ext,kvcache_ext_packed,nixl]
+        [--pack-mb 256] [--timeout-s 300]
 
 For each connector and pair (prefill block size : decode block size) it starts the two engines,
 then for each request (a fresh random prompt): prefill on P (one token, do_remote_decode), the
@@ -18,6 +19,11 @@ over the time the transfer took: NixlConnector's NIXL telemetry, KvcacheExtConne
 completion), and whether D's first token equals its own recompute. A pair a connector cannot
 serve is reported as such (NixlConnector refuses a prefill block larger than the decode block:
 the request comes back without tokens); every engine command is bounded by --timeout-s.
+kvcache_ext_packed: KvcacheExtConnector with a pack buffer of --pack-mb MiB on the prefill
+engine, so between unlike block sizes the prefill engine re-tiles the prompt into the decode
+engine's page form on its own core while the decode engine reads the packed parts into place
+(path "packed"; its packing time is reported beside the decode engine's transfer); like pairs
+are not run for it (a like read is never packed).
 --tiny: the 2-layer test model, 230-token prompts, 2 requests, the pairs 32:32 and 64:32 (the
 README's two-engine example). --model mla: a random DeepSeek-V3-architecture model (MLA latent
 rows, bf16), 2,048-token prompts; the pairs vLLM-CPU offers on this host (AMX: AMX_MLA, block
@@ -59,7 +65,8 @@ MODELS = {
            "name": "vllm_pd_v4_cpu"},
 }
 
-CLASS = {"kvcache_ext": "KvcacheExtConnector", "nixl": "NixlConnector"}
+CLASS = {"kvcache_ext": "KvcacheExtConnector", "kvcache_ext_packed": "KvcacheExtConnector",
+         "nixl": "NixlConnector"}
 
 
 def free_port() -> int:
@@ -93,8 +100,10 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
     stats = os.path.join(log_dir, f"reads-{bp}-{bd}.jsonl")
     kw = {"connector": CLASS[connector], "max_len": args.tokens + 64, "policy": "fail",
           **MODELS[args.model]["engine"]}
-    if connector == "kvcache_ext":
+    if connector.startswith("kvcache_ext"):
         extra_p, extra_d, env_p, env_d = {}, {"stats_path": stats}, {}, {}
+        if connector == "kvcache_ext_packed":
+            extra_p["pack_buffer_mb"] = float(args.pack_mb)
     else:
         extra_p, extra_d = {}, {}
         env_p = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
@@ -118,7 +127,7 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
                  "finish": got.finish_reason, "external_hits":
                      m1.get("vllm:external_prefix_cache_hits", 0)
                      - m0.get("vllm:external_prefix_cache_hits", 0)}
-            if connector == "kvcache_ext":
+            if connector.startswith("kvcache_ext"):
                 log = read_stats(stats)
                 last = log[-1] if log else {}
                 r.update(bytes=last.get("bytes", 0), descriptors=last.get("pieces", 0),
@@ -127,7 +136,8 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
                          read_ok=bool(last.get("ok")),
                          **{k: last.get(k) for k in ("peer_s", "acquire_s", "plan_s",
                                                      "plan_cpu_s", "runs", "build_s", "move_s",
-                                                     "unpack_s")})
+                                                     "unpack_s", "pack_s", "pack_wait_s",
+                                                     "pack_refused")})
             else:
                 def delta(k: str) -> float:
                     return m1.get(f"vllm:nixl_{k}", 0) - m0.get(f"vllm:nixl_{k}", 0)
@@ -176,7 +186,8 @@ def summarize(out: dict) -> dict:
         "plan_s_max": most("plan_s"), "plan_cpu_s_max": most("plan_cpu_s"),
         "first_request_plan_s": reqs[0].get("plan_s") if reqs else None,
         "first_request_plan_cpu_s": reqs[0].get("plan_cpu_s") if reqs else None,
-        "unpack_s": med("unpack_s"), "logprob_diff": most("logprob_diff", reqs),
+        "unpack_s": med("unpack_s"), "pack_s": med("pack_s"), "pack_wait_s": med("pack_wait_s"),
+        "logprob_diff": most("logprob_diff", reqs),
         "finish": sorted({str(r["finish"]) for r in reqs}),
         "path": ", ".join(sorted({r["path"] for r in reqs if r.get("path")})) or "-"}
     return out
@@ -192,8 +203,9 @@ def markdown(res: dict) -> str:
              "| connector | P block -> D block | served right | TTFT | recompute TTFT | "
              "first request TTFT | MB moved | descriptors NIXL posted | path | transfer | GB/s | "
              "of which planning, wall / CPU | of which regroup | "
+             "regroup on the prefill engine (packing), of which waited for | "
              "max first-token logprob diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
@@ -210,13 +222,15 @@ def markdown(res: dict) -> str:
             f"{ms(s.get('first_request_plan_cpu_s'))})")
         if not s["ttft_s"]:
             served += f", finish {', '.join(s['finish'])}"
+        packing = "-" if not s.get("pack_s") else (f"{ms(s['pack_s'])}, "
+                                                   f"{ms(s.get('pack_wait_s'))}")
         lines.append(f"| {r['connector']} | {r['prefill_block']} -> {r['decode_block']} | {served} "
                      f"| {f(s['ttft_s'], '.3f')} s | {f(s['recompute_ttft_s'], '.3f')} s | "
                      f"{f(s['first_request_ttft_s'], '.3f')} s | "
                      f"{f(s['bytes'] and s['bytes'] / 1e6, '.1f')} | {f(s['descriptors'], '.0f')} "
                      f"| {s['path']} | {f(s['transfer_s'], '.4f')} s | {f(s['gbps'], '.2f')} | "
                      f"{plan} | "
-                     f"{ms(s.get('unpack_s'))} | {f(s.get('logprob_diff'), '.2g')} |")
+                     f"{ms(s.get('unpack_s'))} | {packing} | {f(s.get('logprob_diff'), '.2g')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -231,7 +245,8 @@ def main() -> None:
     ap.add_argument("--kv-heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--pairs", default=None)
-    ap.add_argument("--connectors", default="kvcache_ext,nixl")
+    ap.add_argument("--connectors", default="kvcache_ext,kvcache_ext_packed,nixl")
+    ap.add_argument("--pack-mb", type=float, default=256.0)
     ap.add_argument("--timeout-s", type=float, default=300.0)
     args = ap.parse_args()
     m = MODELS[args.model]
@@ -269,6 +284,8 @@ def main() -> None:
     with Engines(model) as eng:
         for connector in args.connectors.split(","):
             for bp, bd in pairs:
+                if connector == "kvcache_ext_packed" and bp == bd:
+                    continue  # a like read is never packed: the same as kvcache_ext's
                 print(f"{connector}: prefill block {bp} -> decode block {bd}", flush=True)
                 res["pairs"].append(run_pair(eng, connector, bp, bd, prompts, args,
                                              os.path.join(log_dir, connector)))

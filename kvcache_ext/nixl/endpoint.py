@@ -9,6 +9,10 @@
     ep.write(peer, kvc.TransferPlan(ep.plan, peer.plan).block_spans(pairs)).wait(10)
     ep.close()                                         # or: with Endpoint(...) as ep:
 
+An Endpoint made with exposed_bytes=n also registers a buffer of its own, `ep.exposed` (n bytes),
+that peers may read with read_exposed(peer, runs): a producer packs a request there in the
+consumer's page form (kvcache_ext.transfer.pack), the consumer reads it into place.
+
 Spans are (src_offset, dst_offset, length) rows as a TransferPlan gives them, or strided runs
 (src_offset, dst_offset, length, src_stride, dst_stride, count) as its token_runs gives them: for
 read() the source is the peer's buffer, for write() it is ours. Every span (run) is checked
@@ -32,6 +36,7 @@ InfiniBand. Set UCX_NET_DEVICES=lo to keep UCX on loopback (tests, benchmarks on
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 import threading
@@ -83,7 +88,7 @@ class Endpoint(PeerTable, TransferResources):
 
     def __init__(self, name: str, cache: KVCache, *, poll_interval_s: float | None =
                  DEFAULT_POLL_INTERVAL_S, backends: tuple[str, ...] = ("UCX",),
-                 num_threads: int = 0) -> None:
+                 num_threads: int = 0, exposed_bytes: int = 0) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"name must be a non-empty string, got {name!r}")
         if not isinstance(cache, KVCache):
@@ -93,6 +98,8 @@ class Endpoint(PeerTable, TransferResources):
             raise ValueError("cache.buffer must be a contiguous 1-D uint8 tensor")
         if poll_interval_s is not None and not poll_interval_s > 0:
             raise ValueError(f"poll_interval_s must be > 0 or None, got {poll_interval_s!r}")
+        if isinstance(exposed_bytes, bool) or not isinstance(exposed_bytes, int) or exposed_bytes < 0:
+            raise ValueError(f"exposed_bytes must be an int >= 0, got {exposed_bytes!r}")
         self.name, self.cache = name, cache
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
@@ -118,6 +125,12 @@ class Endpoint(PeerTable, TransferResources):
             raise NixlError(f"NIXL backend(s) {missing} not available (plugins: "
                             f"{self._agent.plugin_list})")
         self._reg = self._agent.register_memory(buf)
+        # a buffer of ours that peers read (read_exposed): registered before any metadata()
+        self.exposed: torch.Tensor | None = None
+        self._exposed_reg = None
+        if exposed_bytes:
+            self.exposed = torch.zeros(exposed_bytes, dtype=torch.uint8, device=buf.device)
+            self._exposed_reg = self._agent.register_memory(self.exposed)
         _OPEN.add(self)
         self._stop = threading.Event()
         self._poller = None
@@ -149,6 +162,18 @@ class Endpoint(PeerTable, TransferResources):
         support, paths.py), or force "plain", "prepared", "strided" (nixl >= 1.5) or "staged";
         the bytes are the same either way."""
         return self._transfer("READ", peer, spans, path)
+
+    def read_exposed(self, peer: Peer, runs: torch.Tensor) -> TransferHandle:
+        """Pull bytes of the peer's exposed buffer (its Endpoint(exposed_bytes=)) into our cache:
+        spans [S, 3] or runs [R, 6] whose source offsets are in that buffer, checked against its
+        size and our cache; one descriptor per merged span (the plain path)."""
+        self._check_open()
+        if not isinstance(peer, Peer) or not peer.exposed_nbytes:
+            raise ValueError(f"peer must be a Peer that exposes a buffer (Endpoint(exposed_bytes="
+                             f"n > 0)), got {peer!r:.120}")
+        remote = dataclasses.replace(peer, address=peer.exposed_address,
+                                     nbytes=peer.exposed_nbytes)
+        return self._transfer("READ", peer, runs, "plain", remote)
 
     def transfer_plan(self, peer: Peer) -> TransferPlan:
         """TransferPlan(peer.plan, self.plan), made on first use and kept until the peer is
@@ -189,17 +214,21 @@ class Endpoint(PeerTable, TransferResources):
         path: "auto", "plain", "prepared" or "strided" (staging is for reads)."""
         return self._transfer("WRITE", peer, spans, path)
 
-    def _transfer(self, op: str, peer: Peer, spans: torch.Tensor, path: str) -> TransferHandle:
+    def _transfer(self, op: str, peer: Peer, spans: torch.Tensor, path: str,
+                  remote: Peer | None = None) -> TransferHandle:
+        """remote: where the peer's side of the bytes lies (its exposed buffer), default its
+        cache; the handle keeps `peer` (a removed peer fails the transfer either way)."""
         t0 = time.perf_counter()
         self._check_open()
         if not isinstance(peer, Peer) or self._peers.get(peer.name) is not peer:
             raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "
                              f"removed since), got {peer!r:.80}")
         paths.check_path(path, op, self.strided)
+        via = peer if remote is None else remote
         ours = self.cache.buffer.numel()
-        src_bytes, dst_bytes = (peer.nbytes, ours) if op == "READ" else (ours, peer.nbytes)
+        src_bytes, dst_bytes = (via.nbytes, ours) if op == "READ" else (ours, via.nbytes)
         if isinstance(spans, torch.Tensor) and spans.dim() == 2 and spans.shape[1] == 6:
-            return self._transfer_runs(op, peer, spans, path, src_bytes, dst_bytes, t0)
+            return self._transfer_runs(op, peer, spans, path, src_bytes, dst_bytes, t0, via)
         spans = as_spans(spans)
         check_spans(spans, src_bytes, dst_bytes)
         keep = spans[:, 2] > 0
@@ -221,7 +250,7 @@ class Endpoint(PeerTable, TransferResources):
                              f"(at most {paths.PREPARED_MAX_INDICES}): use 'strided' or 'staged'")
         stats.path = path
         if path == "plain":
-            parts = paths.plain_parts(self, peer, op, local_off, remote_off, lengths, stats)
+            parts = paths.plain_parts(self, via, op, local_off, remote_off, lengths, stats)
         elif path == "prepared":
             parts = paths.prepared_parts(self, peer, op, local_off, remote_off, lengths, g, stats)
         elif path == "strided":
@@ -237,7 +266,7 @@ class Endpoint(PeerTable, TransferResources):
         return self._start(op, peer, parts, stats, on_end, t0)
 
     def _transfer_runs(self, op: str, peer: Peer, runs: torch.Tensor, path: str, src_bytes: int,
-                       dst_bytes: int, t0: float) -> TransferHandle:
+                       dst_bytes: int, t0: float, via: Peer) -> TransferHandle:
         runs = as_runs(runs)
         check_runs(runs, src_bytes, dst_bytes)
         r = runs[runs[:, 2] > 0].numpy()
@@ -245,7 +274,7 @@ class Endpoint(PeerTable, TransferResources):
                               bytes=int((r[:, 2] * r[:, 5]).sum()), runs=int(runs.shape[0]))
         if stats.spans == 0:
             return TransferHandle(self, peer, op, [], stats)
-        stats.path, parts, on_end = run_paths.run_parts(self, peer, op, r, path, stats)
+        stats.path, parts, on_end = run_paths.run_parts(self, via, op, r, path, stats)
         return self._start(op, peer, parts, stats, on_end, t0)
 
     def _start(self, op: str, peer: Peer, parts, stats: TransferStats, on_end,
@@ -347,6 +376,8 @@ class Endpoint(PeerTable, TransferResources):
             self._peer_metadata.clear()
             self._xplans.clear()
             try:
+                if self._exposed_reg is not None:
+                    self._agent.deregister_memory(self._exposed_reg)
                 self._agent.deregister_memory(self._reg)
             finally:
                 self._closed = True

@@ -37,9 +37,10 @@ class TransferStats:
     the runs (read_tokens; the caller's own planning is not seen here), wall time, and
     plan_cpu_s the planning thread's CPU time in it (the rest: waiting for the GIL or a core).
     Where a transfer's time went: plan_s, then build_s, then move_s, of which unpack_s is the
-    regroup."""
+    regroup; a packed read (path "packed", kvcache_ext.vllm) has the producer's re-tiling as
+    pack_s and the consumer's wait for it as pack_wait_s."""
 
-    path: str                 # "plain", "prepared", "strided" or "staged"
+    path: str                 # "plain", "prepared", "strided", "staged" or "packed"
     spans: int                # spans asked for (runs: the pieces they stand for)
     bytes: int                # bytes they cover
     runs: int = 0             # strided runs asked for (0: the transfer was given spans)
@@ -55,6 +56,9 @@ class TransferStats:
     post_s: float = 0.0
     move_s: float = 0.0
     unpack_s: float = 0.0
+    pack_s: float = 0.0       # a packed read (kvcache_ext.vllm): the producer's re-tiling into
+    #                           the consumer's page form, as it reports it (its own core)
+    pack_wait_s: float = 0.0  # a packed read: the consumer waiting for parts to be packed
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)

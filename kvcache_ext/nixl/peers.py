@@ -21,6 +21,8 @@ class Peer:
     nbytes: int
     mem_type: str   # "DRAM" or "VRAM"
     device_id: int
+    exposed_address: int = 0  # its exposed buffer (Endpoint(exposed_bytes=)), if any
+    exposed_nbytes: int = 0
 
 
 class PeerTable:
@@ -35,7 +37,9 @@ class PeerTable:
         head = json.dumps({"version": 1, "name": self.name, "plan": plan_to_dict(self.plan),
                            "address": self.cache.buffer.data_ptr(),
                            "nbytes": self.cache.buffer.numel(), "mem_type": self._mem_type,
-                           "device_id": self._device_id}).encode()
+                           "device_id": self._device_id,
+                           "exposed": ([self.exposed.data_ptr(), self.exposed.numel()]
+                                       if self.exposed is not None else [0, 0])}).encode()
         with self._lock:
             agent_md = self._agent.get_agent_metadata()
         return _MAGIC + len(head).to_bytes(4, "little") + head + agent_md
@@ -50,8 +54,10 @@ class PeerTable:
             head = json.loads(bytes(blob[12:12 + n]))
             agent_md = bytes(blob[12 + n:])
             plan = plan_from_dict(head["plan"])
+            exposed = head.get("exposed", [0, 0])
             peer = Peer(head["name"], plan, int(head["address"]), int(head["nbytes"]),
-                        head["mem_type"], int(head["device_id"]))
+                        head["mem_type"], int(head["device_id"]), int(exposed[0]),
+                        int(exposed[1]))
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"blob is not valid kvcache_ext.nixl metadata: {e}") from None
         if peer.name == self.name:

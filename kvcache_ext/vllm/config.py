@@ -25,6 +25,11 @@ class ConnectorConfig:
     #                                 when set, else a free port (two engines on one host)
     poison_before_load: bool = False  # fill a request's destination rows with NaN before reading
     #                                    (tests: a token computed from bytes never written shows)
+    pack_buffer_mb: float = 0.0    # producer: a buffer of this many MiB (registered with NIXL)
+    #                                 where it packs a prompt in the page form of a consumer
+    #                                 with another block size while that consumer reads it (the
+    #                                 re-tiling on the producer's core: the consumer reads whole
+    #                                 pages); 0: consumers re-tile what they read themselves
     stats_path: str = ""           # consumer: one JSON line per read appended here (request,
     #                                 start, tokens, spans, bytes, seconds, ok, error; the read's
     #                                 path, pieces NIXL posted, staged_bytes; the seconds of each
@@ -48,6 +53,9 @@ class ConnectorConfig:
                 raise ValueError(f"kv_connector_extra_config[{name!r}] must be a "
                                  f"{type(default).__name__}, got {value!r}") from None
         cfg = cls(**values)
+        if not cfg.pack_buffer_mb >= 0:
+            raise ValueError(f"kv_connector_extra_config['pack_buffer_mb'] must be >= 0, got "
+                             f"{cfg.pack_buffer_mb!r}")
         for name in ("hold_timeout_s", "read_timeout_s"):
             if not getattr(cfg, name) > 0:
                 raise ValueError(f"kv_connector_extra_config[{name!r}] must be > 0, got "

@@ -1,6 +1,8 @@
 """The side channel between a consumer's worker and a producer's worker: small request-reply
 messages over TCP (a JSON header and an optional binary blob, each length-prefixed), served by
-a thread of the producer's worker. Every call is bounded by its timeout."""
+a thread of the producer's worker. A handler may also answer with a stream of replies on the
+same connection (the packed read's "part p is ready" notices): stream() reads them as they
+come. Every call is bounded by its timeout."""
 from __future__ import annotations
 
 import json
@@ -8,7 +10,7 @@ import socket
 import socketserver
 import struct
 import threading
-from typing import Callable
+from typing import Callable, Iterator
 
 _HEADER = struct.Struct("<II")  # JSON bytes, blob bytes
 
@@ -34,6 +36,20 @@ def recv(sock: socket.socket) -> tuple[dict, bytes]:
     return json.loads(_recv_exactly(sock, n_head)), _recv_exactly(sock, n_blob)
 
 
+def stream(host: str, port: int, message: dict, timeout_s: float) -> Iterator[tuple[dict, bytes]]:
+    """One request and the replies the producer streams back, as they come, until it closes
+    the connection; each reply is awaited at most timeout_s. Closing the generator closes the
+    connection."""
+    with socket.create_connection((host, port), timeout=timeout_s) as sock:
+        sock.settimeout(timeout_s)
+        send(sock, message)
+        while True:
+            first = sock.recv(1, socket.MSG_PEEK)
+            if not first:
+                return
+            yield recv(sock)
+
+
 def call(host: str, port: int, message: dict, timeout_s: float) -> tuple[dict, bytes]:
     """One request and its reply; OSError / TimeoutError / ConnectionError when the producer
     does not answer within timeout_s."""
@@ -43,11 +59,12 @@ def call(host: str, port: int, message: dict, timeout_s: float) -> tuple[dict, b
         return recv(sock)
 
 
-Handler = Callable[[dict], tuple[dict, bytes]]
+Handler = Callable[[dict], "tuple[dict, bytes] | Iterator[tuple[dict, bytes]]"]
 
 
 class Server:
-    """Serves `handler(message) -> (reply, blob)` on (host, port); port 0 picks a free one."""
+    """Serves `handler(message) -> (reply, blob)`, or an iterator of them (streamed, then the
+    connection closes), on (host, port); port 0 picks a free one."""
 
     def __init__(self, host: str, port: int, handler: Handler) -> None:
         class _Request(socketserver.BaseRequestHandler):
@@ -55,13 +72,25 @@ class Server:
                 self.request.settimeout(30.0)
                 try:
                     message, _ = recv(self.request)
-                    reply, blob = handler(message)
+                    out = handler(message)
                 except Exception as e:  # noqa: BLE001 - a bad request gets its error back
-                    reply, blob = {"ok": False, "why": f"{type(e).__name__}: {e}"}, b""
+                    out = {"ok": False, "why": f"{type(e).__name__}: {e}"}, b""
+                if isinstance(out, tuple):
+                    out = iter((out,))
                 try:
-                    send(self.request, reply, blob)
+                    for reply, blob in out:
+                        send(self.request, reply, blob)
                 except OSError:
-                    pass
+                    pass  # the caller has gone: the stream's own finally cleans up
+                except Exception as e:  # noqa: BLE001 - a stream that fails says why, last
+                    try:
+                        send(self.request, {"ok": False, "why": f"{type(e).__name__}: {e}"})
+                    except OSError:
+                        pass
+                finally:
+                    close = getattr(out, "close", None)
+                    if close is not None:
+                        close()
 
         class _Server(socketserver.ThreadingTCPServer):
             daemon_threads = True

@@ -5,6 +5,11 @@ Endpoint.read_tokens between any two block sizes (runs planned in compiled code 
 pair kept per producer; staged and re-tiled in one pass where that is cheaper), one read per
 prompt, in a thread of its own so no engine step waits, every wait bounded by the timeout.
 
+Between two block sizes, a producer with a pack buffer (pack_buffer_mb) re-tiles the prompt into
+the consumer's page form there, part by part on its own core, while the consumer reads the parts
+packed so far straight into place (a packed read: kvcache_ext.transfer.pack); without one, or
+when the buffer is full, the consumer re-tiles what it reads itself.
+
 A producer holds a finished prompt's blocks (vLLM frees them when get_transfer_results reports
 the request as sent) until the consumer releases them or the hold times out; a read the producer
 granted extends the hold until the read's own deadline. Parameters whose instance or generation
@@ -26,8 +31,9 @@ from .cache_plan import cache_of
 from .config import ConnectorConfig
 from .group_plan import group_cache_of, group_plan_of
 from .group_reads import group_spans, group_tables
+from .packing import PackBuffer, pack_ask, read_packed
 from .protocol import KvcacheExtMetadata, RecvSpec, Remote, WorkerAddress
-from .side_channel import Server, call
+from .side_channel import Server, call, stream
 
 log = logging.getLogger("kvcache_ext.vllm")
 _ACQUIRE_WAIT_S = 5.0  # a read may ask before the producer's worker has its step's metadata
@@ -38,6 +44,19 @@ class _Hold:
     generation: int
     expiry_time: float        # time.time(): freed unread after this
     read_deadline: float = 0  # time.time(): a granted read holds the blocks until then
+
+
+class _Done:
+    """A read that has already finished (a packed read moves its parts as they are packed)."""
+
+    def __init__(self, stats) -> None:
+        self.stats = stats
+
+    def wait(self, timeout_s: float) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
 
 
 class LoadError(RuntimeError):
@@ -61,6 +80,7 @@ class WorkerSide:
         self._recv_done: set[str] = set()
         self._recv_failed: set[str] = set()
         self._bad_blocks: set[int] = set()
+        self.pack: PackBuffer | None = None  # producer: where it packs for unlike consumers
         self._peers: dict[tuple[str, int], tuple[str, str, kvc_nixl.Peer]] = {}
         self._peer_lock = threading.Lock()
         self.ep: kvc_nixl.Endpoint | None = None
@@ -74,7 +94,11 @@ class WorkerSide:
         else:
             cache = cache_of(kv_caches, self.layer_names, self.kv_cache_spec)
         self.elem_bytes = next(iter(kv_caches.values())).element_size()
-        self.ep = kvc_nixl.Endpoint(f"kvc-{self.engine_id[:12]}-{self.instance}", cache)
+        pack = int(self.cfg.pack_buffer_mb * (1 << 20)) if self.vplan is None else 0
+        self.ep = kvc_nixl.Endpoint(f"kvc-{self.engine_id[:12]}-{self.instance}", cache,
+                                    exposed_bytes=pack)
+        if pack:
+            self.pack = PackBuffer(self.ep.exposed)
         self.server = Server(self.cfg.host(), self.cfg.port(self.dp_index), self._serve)
         log.info("KvcacheExtConnector: %s, side channel %s:%d", cache.plan.layout, self.server.host,
                  self.server.port)
@@ -111,10 +135,15 @@ class WorkerSide:
                                 "timeout", rid)
                     del self._holds[rid]
                     self._sent.add(rid)
+                    self._free_pack(rid)
             sent, self._sent = self._sent, set()
             failed, self._recv_failed = self._recv_failed, set()
             done, self._recv_done = self._recv_done, set()
         return sent, done | failed, failed
+
+    def _free_pack(self, rid: str) -> None:
+        if self.pack is not None:
+            self.pack.free(rid)
 
     def bad_blocks(self) -> set[int]:
         with self._cond:
@@ -143,9 +172,12 @@ class WorkerSide:
                 if time.time() > h.expiry_time:
                     del self._holds[rid]
                     self._sent.add(rid)
+                    self._free_pack(rid)
                     return {"ok": False, "why": f"request {rid}'s blocks were freed: the hold "
                                                 f"timed out"}, b""
                 h.read_deadline = time.time() + float(m.get("timeout_s", self.cfg.read_timeout_s))
+            if m.get("pack") and self.pack is not None:
+                return self.pack.pack(self.ep.cache.buffer, self.ep.plan, rid, m["pack"])
             return {"ok": True}, b""
         if op == "release":
             rid, gen = str(m["request_id"]), int(m["generation"])
@@ -154,6 +186,7 @@ class WorkerSide:
                 if h is not None and h.generation == gen:
                     del self._holds[rid]
                     self._sent.add(rid)
+                    self._free_pack(rid)
             return {"ok": True}, b""
         return {"ok": False, "why": f"unknown op {op!r}"}, b""
 
@@ -253,7 +286,7 @@ class WorkerSide:
         deadline = t0 + float(dbg.get("timeout_s", self.cfg.read_timeout_s))
         left = lambda: max(deadline - time.monotonic(), 0.001)  # noqa: E731
         handle, error, xfer = None, "", None
-        times: dict[str, float] = {}  # seconds of each stage, for the stats line
+        times: dict[str, object] = {}  # seconds of each stage, for the stats line
 
         def lap(stage: str, since: float) -> float:
             now = time.monotonic()
@@ -275,15 +308,33 @@ class WorkerSide:
             t = time.monotonic()
             peer = self._peer(r, left())
             t = lap("peer_s", t)
-            reply, _ = call(r.host, r.port, {"op": "acquire", "request_id": r.request_id,
-                                             "generation": r.generation, "instance": r.instance,
-                                             "timeout_s": left(),
-                                             "debug_delay_s": dbg.get("acquire_delay_s", 0.0)},
-                            left())
+            ask = {"op": "acquire", "request_id": r.request_id, "generation": r.generation,
+                   "instance": r.instance, "timeout_s": left(),
+                   "debug_delay_s": dbg.get("acquire_delay_s", 0.0)}
+            pack = None if self.vplan is not None else pack_ask(
+                self.ep, peer, r.block_ids[0], rs.start, rs.count)
+            if pack is None:
+                reply, _ = call(r.host, r.port, ask, left())
+            else:  # the producer packs, streaming "part p is packed" after its reply
+                replies = stream(r.host, r.port, ask | {"pack": pack}, left())
+                reply, _ = next(replies, ({"ok": False, "why": "no reply"}, b""))
             t = lap("acquire_s", t)
+            if pack is not None and not (reply.get("ok") and reply.get("packed")):
+                replies.close()
+                if reply.get("ok"):  # read, but not packed: the producer says why
+                    times["pack_refused"] = str(reply.get("why", ""))
             if not reply.get("ok"):
                 raise LoadError(f"the producer refused the read: {reply.get('why')}")
-            handle, moved = self._read(peer, r, rs)
+            if pack is not None and reply.get("packed"):
+                try:
+                    stats, runs = read_packed(
+                        self.ep, peer, torch.tensor(rs.local_block_ids[0], dtype=torch.int64),
+                        rs.start, rs.count, reply["packed"], replies, left)
+                except RuntimeError as e:
+                    raise LoadError(str(e)) from None
+                handle, moved = _Done(stats), lambda spec=None: spans_of_runs(runs)
+            else:
+                handle, moved = self._read(peer, r, rs)
             xfer = handle.stats  # what it planned and posted, in the stats line even if it fails
             handle.wait(left())
             handle = None
@@ -329,7 +380,8 @@ class WorkerSide:
                    "seconds": time.monotonic() - t0, **times, "ok": not error, "error": error,
                    "path": xfer.path if xfer else "", "pieces": xfer.pieces if xfer else 0,
                    "staged_bytes": xfer.staged_bytes if xfer else 0,
-                   **({k: getattr(xfer, k) for k in ("build_s", "move_s", "unpack_s")}
+                   **({k: getattr(xfer, k) for k in ("build_s", "move_s", "unpack_s", "pack_s",
+                                                     "pack_wait_s")}
                       if xfer else {})}
             with self._cond, open(self.cfg.stats_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")

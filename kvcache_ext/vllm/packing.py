@@ -1,0 +1,172 @@
+"""The packed read between two block sizes (kvcache_ext.transfer.pack inside the connector): the
+producer re-tiles a prompt into the consumer's page form in its pack buffer (registered with
+NIXL as its Endpoint's exposed buffer), part by part on its own core, and streams "part p is
+packed" over the side channel; the consumer reads each part straight into place as it comes
+(whole pages, as between equal plans) while the producer packs the next. Without a pack buffer,
+or when it is full, the consumer re-tiles what it reads itself (worker.py)."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .. import nixl as kvc_nixl
+from ..ops.library import ops as _ops
+from ..plan import CachePlan, plan_from_dict, plan_to_dict
+from ..transfer import TransferPlan
+from ..transfer.pack import PACK_PART_BYTES, packed_read, split_runs
+
+
+@dataclass
+class _Slot:
+    offset: int
+    nbytes: int
+    busy: bool = True       # being packed: its range is freed only when that ends
+    released: bool = False  # the read is over (or the hold ended): free once not busy
+
+
+class PackBuffer:
+    """A producer's pack buffer: ranges lent to one request each, first fit. A range is never
+    lent again while a pack may still write into it."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        self.buffer = buffer
+        self._slots: dict[str, _Slot] = {}
+        self._lock = threading.Lock()
+
+    def lend(self, rid: str, nbytes: int) -> int | None:
+        """The offset of a free range of nbytes lent to rid (None: no room, or rid's earlier
+        range is still being packed)."""
+        with self._lock:
+            old = self._slots.get(rid)
+            if old is not None:
+                if old.busy:
+                    return None
+                del self._slots[rid]
+            at = 0
+            for s in sorted(self._slots.values(), key=lambda s: s.offset):
+                if s.offset - at >= nbytes:
+                    break
+                at = max(at, s.offset + s.nbytes)
+            if at + nbytes > self.buffer.numel():
+                return None
+            self._slots[rid] = _Slot(at, nbytes)
+            return at
+
+    def free(self, rid: str) -> None:
+        """rid's range back (at once, or when its packing ends)."""
+        with self._lock:
+            slot = self._slots.get(rid)
+            if slot is not None:
+                if slot.busy:
+                    slot.released = True
+                else:
+                    del self._slots[rid]
+
+    def _packed(self, rid: str, at: int) -> None:
+        with self._lock:
+            slot = self._slots.get(rid)
+            if slot is not None and slot.offset == at:
+                slot.busy = False
+                if slot.released:
+                    del self._slots[rid]
+
+    def lent(self) -> dict[str, tuple[int, int]]:
+        with self._lock:
+            return {rid: (s.offset, s.nbytes) for rid, s in self._slots.items()}
+
+    def pack(self, cache: torch.Tensor, plan: CachePlan, rid: str, ask: dict):
+        """The acquire's reply, then "part p" as each part is packed: the prompt's tokens
+        re-tiled from `cache` (of `plan`) into the consumer's page form (its plan, start, count,
+        our block ids and the part size, from `ask`) in a range lent to rid. What cannot be
+        packed (no room, a plan or block list that does not fit) answers packed: None with why:
+        the consumer then reads our cache as it is."""
+        t0 = time.perf_counter()
+        try:
+            dst = plan_from_dict(ask["plan"])
+            start, count = int(ask["start"]), int(ask["count"])
+            pr = packed_read(dst, start, count, int(ask["part_bytes"]))
+            table = torch.tensor(ask["block_ids"], dtype=torch.int64)
+            parts = split_runs(TransferPlan(plan, pr.plan).token_runs(
+                table, pr.table(), count, start, start), 1, pr.bounds)
+        except Exception as e:  # noqa: BLE001 - the consumer reads unpacked instead
+            yield {"ok": True, "packed": None, "why": f"{type(e).__name__}: {e}"}, b""
+            return
+        at = self.lend(rid, pr.nbytes)
+        if at is None:
+            yield {"ok": True, "packed": None,
+                   "why": f"the pack buffer has no {pr.nbytes} B free"}, b""
+            return
+        try:
+            yield {"ok": True, "packed": {"offset": at, "bytes": pr.nbytes,
+                                          "part_bytes": pr.bounds[1]}}, b""
+            for p, runs in enumerate(parts):
+                if runs.numel():
+                    runs[:, 1] += at
+                    _ops.copy_runs(cache, self.buffer, runs)
+                yield {"ok": True, "part": p}, b""
+            yield {"ok": True, "done": True, "pack_s": time.perf_counter() - t0}, b""
+        finally:
+            self._packed(rid, at)
+
+
+def pack_ask(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, block_ids, start: int, count: int,
+             part_bytes: int = PACK_PART_BYTES) -> dict | None:
+    """What a consumer asks its producer to pack, where a packed read applies: another block
+    size, one cache plan on each side, and the packed prompt fits the producer's pack buffer."""
+    if (not peer.exposed_nbytes or count == 0 or not isinstance(peer.plan, CachePlan)
+            or not isinstance(ep.plan, CachePlan) or peer.plan.block_size == ep.plan.block_size):
+        return None
+    if packed_read(ep.plan, start, count).nbytes > peer.exposed_nbytes:
+        return None
+    return {"plan": plan_to_dict(ep.plan), "start": start, "count": count,
+            "block_ids": list(block_ids), "part_bytes": part_bytes}
+
+
+def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Tensor, start: int,
+                count: int, packed: dict, replies, left) -> tuple[kvc_nixl.TransferStats,
+                                                                  torch.Tensor]:
+    """Read each part of the prompt into place as the producer reports it packed (packed: its
+    first reply's offset, bytes and part size; replies: the side channel's stream after that
+    reply; left(): seconds left to the read's deadline).
+    -> (what it did, the runs it read: their destinations are the rows written). Raises, with
+    every posted part cancelled, if the producer fails or stops."""
+    t, c = time.perf_counter(), time.thread_time()
+    pr = packed_read(ep.plan, start, count, int(packed["part_bytes"]))
+    if int(packed.get("bytes", -1)) != pr.nbytes:
+        raise RuntimeError(f"the producer packed {packed.get('bytes')} B, this read needs "
+                           f"{pr.nbytes} B")
+    runs = TransferPlan(pr.plan, ep.plan).token_runs(pr.table(), dst_table, count, start, start)
+    parts = split_runs(runs, 0, pr.bounds)
+    stats = kvc_nixl.TransferStats(
+        path="packed", spans=int(runs[:, 5].sum()), bytes=int((runs[:, 2] * runs[:, 5]).sum()),
+        runs=int(runs.shape[0]), parts=pr.parts, plan_s=time.perf_counter() - t,
+        plan_cpu_s=time.thread_time() - c)
+    handles = []
+    try:
+        t_move = time.perf_counter()
+        for p, part in enumerate(parts):
+            tw = time.perf_counter()
+            msg, _ = next(replies, ({"ok": False, "why": "the side channel closed"}, b""))
+            stats.pack_wait_s += time.perf_counter() - tw
+            if not msg.get("ok") or msg.get("part") != p:
+                raise RuntimeError(f"the producer did not pack part {p} of {pr.parts}: "
+                                   f"{msg.get('why', msg)}")
+            if part.numel():
+                part[:, 0] += int(packed["offset"])
+                handles.append(ep.read_exposed(peer, part))
+        for h in handles:
+            h.wait(left())
+            stats.pieces += h.stats.pieces
+        stats.move_s = time.perf_counter() - t_move
+        done, _ = next(replies, ({}, b""))
+        stats.pack_s = float(done.get("pack_s", 0.0))
+    except BaseException:
+        for h in handles:
+            h.cancel()  # no byte lands after this
+        raise
+    finally:
+        replies.close()
+    return stats, runs

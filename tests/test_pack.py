@@ -1,0 +1,95 @@
+"""The packed read (kvcache_ext/transfer/pack.py): a producer re-tiles a request's tokens into the
+consumer's page form part by part, the consumer reads the parts into place; the bytes that land
+equal a direct copy_spans between the two plans, in every pair of layouts, both directions of a
+block-size change, any start, and every part's runs stay inside that part."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import kvcache_ext as kvc
+from kvcache_ext.ops.library import ops
+from kvcache_ext.transfer.pack import pack_layout, packed_read, split_runs
+
+SPECS = [kvc.CacheSpec("kv", 32, 3, 1, split=(16, 16), channel_major=4),  # vLLM-CPU's K | V page
+         kvc.CacheSpec("x", 12, 3, 3)]
+
+
+def _cache(layout: str, block: int, blocks: int, seed: int | None) -> kvc.KVCache:
+    plan = kvc.plan_cache(SPECS, blocks, block, layout)
+    g = torch.Generator().manual_seed(seed or 0)
+    buf = (torch.randint(0, 256, (plan.total_bytes,), dtype=torch.uint8, generator=g)
+           if seed is not None else torch.full((plan.total_bytes,), 0xA5, dtype=torch.uint8))
+    return kvc.KVCache(plan, buf)
+
+
+def _extent(runs: torch.Tensor, col: int) -> tuple[int, int]:
+    r = runs.numpy()
+    last = r[:, col] + (r[:, 5] - 1) * r[:, 3 + col]
+    return int(np.minimum(r[:, col], last).min()), int((np.maximum(r[:, col], last) + r[:, 2]).max())
+
+
+def _packed_move(src: kvc.KVCache, dst: kvc.KVCache, src_table, dst_table, start: int,
+                 count: int, part_bytes: int) -> int:
+    pr = packed_read(dst.plan, start, count, part_bytes)
+    pack = kvc.TransferPlan(src.plan, pr.plan).token_runs(src_table, pr.table(), count, start, start)
+    read = kvc.TransferPlan(pr.plan, dst.plan).token_runs(pr.table(), dst_table, count, start, start)
+    packed = torch.full((pr.nbytes,), 0x5A, dtype=torch.uint8)
+    parts_a, parts_b = split_runs(pack, 1, pr.bounds), split_runs(read, 0, pr.bounds)
+    assert len(parts_a) == len(parts_b) == pr.parts
+    for p, (a, b) in enumerate(zip(parts_a, parts_b)):
+        for runs, col in ((a, 1), (b, 0)):
+            if runs.numel():
+                lo, hi = _extent(runs, col)
+                assert pr.bounds[p] <= lo and hi <= pr.bounds[p + 1], (p, lo, hi)
+        if a.numel():
+            ops.copy_runs(src.buffer, packed, a)
+        if b.numel():
+            ops.copy_runs(packed, dst.buffer, b)
+    # the parts hold the same bytes as the unsplit runs
+    assert sum(int((x[:, 2] * x[:, 5]).sum()) for x in parts_a) == int((pack[:, 2] * pack[:, 5]).sum())
+    return pr.parts
+
+
+@pytest.mark.parametrize("src_layout,dst_layout", list(itertools.product(kvc.LAYOUTS, repeat=2)))
+def test_packed_read_lands_the_bytes_of_a_direct_move(src_layout, dst_layout):
+    for (sb, db), start, count, part in (((4, 8), 0, 37, 700), ((8, 4), 8, 29, 333),
+                                         ((6, 4), 4, 1, 64), ((4, 6), 6, 40, 1 << 20)):
+        src = _cache(src_layout, sb, 16, seed=sb * 7 + db)
+        src_table = torch.randperm(16)[: -(-(start + count) // sb)].to(torch.int64)
+        dst_table = torch.randperm(16)[: -(-(start + count) // db)].to(torch.int64)
+        want = _cache(dst_layout, db, 16, seed=None)
+        spans = kvc.TransferPlan(src.plan, want.plan).token_spans(src_table, dst_table, count,
+                                                                  start, start)
+        kvc.copy_spans(src, want, spans)
+        got = _cache(dst_layout, db, 16, seed=None)
+        parts = _packed_move(src, got, src_table, dst_table, start, count, part)
+        assert torch.equal(got.buffer, want.buffer), (sb, db, start, count, part, parts)
+
+
+def test_pack_layout_keeps_the_page_form():
+    assert [pack_layout(x) for x in kvc.LAYOUTS] == ["LBHNC", "LBNHC", "LHBNC", "LBHNC",
+                                                     "LBNHC", "LBHNC"]
+    pr = packed_read(kvc.plan_cache(SPECS, 64, 32, "BLNHC"), 64, 100, 1000)
+    assert pr.plan.layout == "LBNHC" and pr.plan.num_blocks == 4  # logical blocks 2..5
+    assert pr.table().tolist() == [0, 0, 0, 1, 2, 3]
+    assert pr.bounds[0] == 0 and pr.bounds[-1] == pr.nbytes and pr.parts == -(-pr.nbytes // 1000)
+
+
+def test_split_runs_cuts_runs_and_pieces_at_the_bounds():
+    runs = torch.tensor([[0, 1000, 10, 16, 10, 4],     # pieces at 0, 16, 32, 48: cut between
+                         [100, 2000, 50, 0, 0, 1]], dtype=torch.int64)  # one piece across 120
+    parts = split_runs(runs, 0, [0, 40, 120, 200])
+    assert [p.tolist() for p in parts] == [
+        [[0, 1000, 10, 10, 10, 1], [16, 1010, 10, 10, 10, 1], [32, 1020, 8, 8, 8, 1]],
+        [[48, 1030, 10, 10, 10, 1], [100, 2000, 20, 20, 20, 1], [40, 1028, 2, 2, 2, 1]],
+        [[120, 2020, 30, 30, 30, 1]]]
+    with pytest.raises(ValueError, match="outside the bounds"):
+        split_runs(runs, 1, [0, 40])
+    with pytest.raises(ValueError, match="col"):
+        split_runs(runs, 2, [0, 40])
+    with pytest.raises(ValueError, match="start"):
+        packed_read(kvc.plan_cache(SPECS, 4, 4), -1, 3)

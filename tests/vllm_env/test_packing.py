@@ -1,0 +1,117 @@
+"""The packed read inside the connector (kvcache_ext/vllm/packing.py), engine-free: the producer's
+pack buffer lends ranges and never lends one a pack may still write; a producer's pack stream
+read by a consumer lands the bytes of a direct move (two real NIXL Endpoints in this process,
+vLLM-CPU's K | V page, 32 -> 48 and 48 -> 32, from token 0 and from a prefix hit); what cannot be
+packed says why; a producer that stops mid-stream fails the read."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvcache_ext as kvc
+from kvcache_ext import nixl as kn
+from kvcache_ext.vllm.packing import PackBuffer, pack_ask, read_packed
+
+SPEC = kvc.CacheSpec("kv", 256, 2, 2, split=(128, 128), channel_major=4)
+
+
+def test_pack_buffer_lends_first_fit_and_keeps_ranges_being_packed():
+    pb = PackBuffer(torch.zeros(100, dtype=torch.uint8))
+    assert (pb.lend("a", 40), pb.lend("b", 40), pb.lend("c", 40)) == (0, 40, None)
+    pb._packed("a", 0)
+    pb.free("a")                      # packed and released: free at once
+    assert pb.lend("c", 30) == 0
+    pb.free("b")                      # still being packed: kept until its packing ends
+    assert pb.lend("d", 60) is None and "b" in pb.lent()
+    pb._packed("b", 40)
+    assert "b" not in pb.lent() and pb.lend("d", 60) == 30
+    assert pb.lend("d", 10) is None   # d asked again while its range is being packed
+
+
+def _pair(src_block: int, dst_block: int, exposed: int):
+    src_plan = kvc.plan_cache([SPEC], 64, src_block, "LBHNC")
+    dst_plan = kvc.plan_cache([SPEC], 64, dst_block, "LBHNC")
+    src = kvc.allocate(src_plan, fill=0)
+    src.buffer.copy_(torch.randint(0, 256, src.buffer.shape, dtype=torch.uint8))
+    prod = kn.Endpoint(f"prod-{src_block}-{dst_block}", src, exposed_bytes=exposed)
+    cons = kn.Endpoint(f"cons-{src_block}-{dst_block}", kvc.allocate(dst_plan, fill=0xFF))
+    return prod, cons, cons.add_peer(prod.metadata())
+
+
+@pytest.mark.parametrize("blocks,start", [((32, 48), 0), ((48, 32), 96), ((32, 48), 48)])
+def test_a_pack_stream_read_by_the_consumer_lands_the_direct_moves_bytes(blocks, start):
+    prod, cons, peer = _pair(*blocks, exposed=1 << 20)
+    try:
+        pb = PackBuffer(prod.exposed)
+        count = 700 - start
+        src_table = torch.randperm(64)[:-(-700 // blocks[0])]
+        dst_table = torch.randperm(64)[:-(-700 // blocks[1])]
+        ask = pack_ask(cons, peer, src_table.tolist(), start, count, 64 << 10)  # several parts
+        stream = pb.pack(prod.cache.buffer, prod.plan, "req", ask)
+        first, _ = next(stream)
+        assert first["ok"] and first["packed"]["bytes"] > 0
+        stats, runs = read_packed(cons, peer, dst_table, start, count, first["packed"], stream,
+                                  lambda: 20.0)
+        assert stats.path == "packed" and stats.parts > 1 and stats.pack_s > 0
+        assert stats.bytes == count * SPEC.row_bytes * SPEC.num_layers * SPEC.num_heads
+        want = kvc.allocate(cons.plan, fill=0xFF)
+        kvc.copy_spans(prod.cache, want, kvc.TransferPlan(prod.plan, cons.plan).token_spans(
+            src_table, dst_table, count, start, start))
+        assert torch.equal(cons.cache.buffer, want.buffer)
+        assert pb.lent()["req"][1] == first["packed"]["bytes"]  # lent until released
+        pb.free("req")
+        assert pb.lent() == {}
+    finally:
+        cons.close()
+        prod.close()
+
+
+def test_what_cannot_be_packed_says_why_and_a_stopped_producer_fails_the_read():
+    prod, cons, peer = _pair(32, 48, exposed=400 << 10)
+    try:
+        pb = PackBuffer(prod.exposed)
+        table = list(range(10))
+        assert pack_ask(cons, peer, table, 0, 0) is None        # nothing to read
+        assert pack_ask(cons, peer, table, 0, 1000) is None     # packed, it would not fit
+        ask = pack_ask(cons, peer, table, 0, 300)
+        bad = dict(ask, block_ids=[10 ** 6] * 10)
+        reply, _ = next(pb.pack(prod.cache.buffer, prod.plan, "bad", bad))
+        assert reply["ok"] and reply["packed"] is None and "IndexError" in reply["why"]
+        held = pb.pack(prod.cache.buffer, prod.plan, "one", ask)
+        assert next(held)[0]["packed"]
+        reply, _ = next(pb.pack(prod.cache.buffer, prod.plan, "two", ask))  # the buffer is full
+        assert reply["packed"] is None and "pack buffer has no" in reply["why"]
+        dst_table = torch.arange(7)
+        before = cons.cache.buffer.clone()
+        stopped = iter([({"ok": False, "why": "gone"}, b"")])
+        with pytest.raises(RuntimeError, match="did not pack part 0 .*gone"):
+            read_packed(cons, peer, dst_table, 0, 300, {"offset": 0, "bytes": ask_bytes(cons, 300),
+                                                        "part_bytes": 1 << 20},
+                        _Closable(stopped), lambda: 5.0)
+        assert torch.equal(cons.cache.buffer, before)  # nothing was read
+        held.close()  # the stream ends: "one"'s range is no longer being packed, and is freed
+        assert "one" in pb.lent()  # when the consumer releases it
+        pb.free("one")
+        assert pb.lent() == {}
+    finally:
+        cons.close()
+        prod.close()
+
+
+def ask_bytes(ep, count: int) -> int:
+    from kvcache_ext.transfer.pack import packed_read
+    return packed_read(ep.plan, 0, count).nbytes
+
+
+class _Closable:
+    def __init__(self, it) -> None:
+        self.it = it
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.it)
+
+    def close(self) -> None:
+        pass
