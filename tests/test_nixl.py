@@ -346,17 +346,30 @@ def test_a_packed_read_through_the_exposed_buffer_lands_the_direct_moves_bytes()
         read = kvc.TransferPlan(pr.plan, dst_plan).token_runs(pr.table(), dst_table, count,
                                                               start, start)
         slot = 4096  # where in the exposed buffer this request's packed bytes go
-        for p_pack, p_read in zip(split_runs(pack, 1, pr.bounds), split_runs(read, 0, pr.bounds)):
-            p_pack[:, 1] += slot
-            p_read[:, 0] += slot
-            ops.copy_runs(src.buffer, a.exposed, p_pack)
-            b.read_exposed(peer, p_read).wait(WAIT_S)
+        bounds = [x + slot for x in pr.bounds]
+        parts = split_runs(pack, 1, pr.bounds)
+        read[:, 0] += slot
+        asked = []
+
+        def ready(p: int) -> None:  # the producer packs part p only when the read needs it
+            asked.append(p)
+            parts[p][:, 1] += slot
+            ops.copy_runs(src.buffer, a.exposed, parts[p])
+        h = b.read_exposed(peer, read, bounds, ready)
+        h.wait(WAIT_S)
+        assert asked == list(range(pr.parts)) and h.stats.parts == pr.parts > 5
         want = kvc.allocate(dst_plan, fill=0xFF)
         kvc.copy_spans(src, want, kvc.TransferPlan(src_plan, dst_plan).token_spans(
             src_table, dst_table, count, start, start))
         assert torch.equal(b.cache.buffer, want.buffer)
         before = b.cache.buffer.clone()
-        with pytest.raises(IndexError, match="source range must lie in"):
+        def fail(p: int) -> None:
+            if p == 2:
+                raise RuntimeError("the producer stopped")
+        with pytest.raises(kn.NixlError, match="the producer stopped"):
+            b.read_exposed(peer, read, bounds, fail)
+        b.cache.buffer.copy_(want.buffer)
+        with pytest.raises(IndexError, match="source pieces must lie in"):
             b.read_exposed(peer, torch.tensor([[pr.nbytes + 4000, 0, 200]]))
         with pytest.raises(ValueError, match="exposes a buffer"):
             b.read_exposed(b.add_peer(c.metadata()), torch.tensor([[0, 0, 8]]))

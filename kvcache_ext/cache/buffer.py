@@ -47,6 +47,16 @@ def _huge_page_buffer(nbytes: int) -> torch.Tensor:
     return buffer
 
 
+def host_buffer(nbytes: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """An uninitialised uint8 buffer of nbytes on device: on the host, from a few MiB up, on
+    transparent huge pages (as allocate() makes caches) -- a NIXL read (UCX cma) of 4 KiB pages
+    moved about a third fewer bytes a second (staging and pack buffers)."""
+    device = torch.device(device)
+    if device.type == "cpu" and nbytes >= _HUGE_PAGE_MIN:
+        return _huge_page_buffer(nbytes)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
 def allocate(plan: CachePlan | GroupPlan, device: str | torch.device = "cpu", pin_memory: bool = False,
              fill: int | None = None) -> KVCache:
     """Allocate the one flat buffer of `plan`: uninitialised memory unless `fill` (a byte

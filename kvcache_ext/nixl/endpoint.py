@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 import warnings
+from typing import Callable
 
 if "nixl" not in sys.modules:
     os.environ.setdefault("UCX_MODULES", "^ib")
@@ -58,9 +59,11 @@ except ImportError as e:  # pragma: no cover - depends on the environment
                       f"scripts/setup.sh installs it): {e}") from e
 
 from ..cache import KVCache  # noqa: E402
+from ..cache.buffer import host_buffer  # noqa: E402
 from ..plan import CachePlan, GroupPlan  # noqa: E402
 from ..transfer import (TransferPlan, as_runs, as_spans, check_runs, check_spans,  # noqa: E402
-                        runs_of_spans)
+                        merge_spans, runs_of_spans, spans_of_runs)
+from ..transfer.pack import split_runs  # noqa: E402
 from . import paths, run_paths  # noqa: E402
 from .handle import (NixlError, PeerGoneError, TransferHandle, TransferStats,  # noqa: E402
                      nixl_error)
@@ -129,7 +132,8 @@ class Endpoint(PeerTable, TransferResources):
         self.exposed: torch.Tensor | None = None
         self._exposed_reg = None
         if exposed_bytes:
-            self.exposed = torch.zeros(exposed_bytes, dtype=torch.uint8, device=buf.device)
+            self.exposed = host_buffer(exposed_bytes, buf.device)
+            self.exposed.zero_()  # touched now, not during a read
             self._exposed_reg = self._agent.register_memory(self.exposed)
         _OPEN.add(self)
         self._stop = threading.Event()
@@ -163,17 +167,44 @@ class Endpoint(PeerTable, TransferResources):
         the bytes are the same either way."""
         return self._transfer("READ", peer, spans, path)
 
-    def read_exposed(self, peer: Peer, runs: torch.Tensor) -> TransferHandle:
+    def read_exposed(self, peer: Peer, runs: torch.Tensor, bounds=None,
+                     ready: Callable[[int], None] | None = None) -> TransferHandle:
         """Pull bytes of the peer's exposed buffer (its Endpoint(exposed_bytes=)) into our cache:
         spans [S, 3] or runs [R, 6] whose source offsets are in that buffer, checked against its
-        size and our cache; one descriptor per merged span (the plain path)."""
+        size and our cache before anything moves; posted as merged spans (the plain path). With
+        `bounds` (increasing offsets of that buffer) the read is one NIXL transfer per range
+        [bounds[p], bounds[p + 1]) that it touches, in order, each made only after ready(p)
+        returns (the peer has filled that range: a packed read) -- planned once, up front."""
         self._check_open()
         if not isinstance(peer, Peer) or not peer.exposed_nbytes:
             raise ValueError(f"peer must be a Peer that exposes a buffer (Endpoint(exposed_bytes="
                              f"n > 0)), got {peer!r:.120}")
-        remote = dataclasses.replace(peer, address=peer.exposed_address,
-                                     nbytes=peer.exposed_nbytes)
-        return self._transfer("READ", peer, runs, "plain", remote)
+        if self._peers.get(peer.name) is not peer:
+            raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "
+                             f"removed since), got {peer!r:.80}")
+        t0 = time.perf_counter()
+        via = dataclasses.replace(peer, address=peer.exposed_address, nbytes=peer.exposed_nbytes)
+        if isinstance(runs, torch.Tensor) and runs.dim() == 2 and runs.shape[1] == 3:
+            sp = as_spans(runs)  # spans as runs of one piece
+            runs = torch.cat([sp, sp[:, 2:].repeat(1, 2), torch.ones_like(sp[:, :1])], 1)
+        runs = as_runs(runs)
+        check_runs(runs, via.nbytes, self.cache.buffer.numel())
+        spans = merge_spans(*spans_of_runs(runs[runs[:, 2] > 0]).unbind(1))
+        stats = TransferStats(path="plain", spans=int(spans.shape[0]),
+                              bytes=int(spans[:, 2].sum()) if spans.numel() else 0,
+                              runs=int(runs.shape[0]))
+        if stats.bytes == 0:
+            return TransferHandle(self, peer, "READ", [], stats)
+        if bounds is None:
+            bounds = (0, via.nbytes)
+        one = torch.cat([spans, spans[:, 2:].repeat(1, 2), torch.ones_like(spans[:, :1])], 1)
+        parts = []
+        for p, cut in enumerate(split_runs(one, 0, bounds)):
+            if cut.numel():
+                s = cut.numpy()
+                parts.extend(paths.plain_parts(self, via, "READ", s[:, 1], s[:, 0], s[:, 2], stats,
+                                               before=(lambda p=p: ready(p)) if ready else None))
+        return self._start("READ", peer, parts, stats, None, t0)
 
     def transfer_plan(self, peer: Peer) -> TransferPlan:
         """TransferPlan(peer.plan, self.plan), made on first use and kept until the peer is
@@ -214,21 +245,17 @@ class Endpoint(PeerTable, TransferResources):
         path: "auto", "plain", "prepared" or "strided" (staging is for reads)."""
         return self._transfer("WRITE", peer, spans, path)
 
-    def _transfer(self, op: str, peer: Peer, spans: torch.Tensor, path: str,
-                  remote: Peer | None = None) -> TransferHandle:
-        """remote: where the peer's side of the bytes lies (its exposed buffer), default its
-        cache; the handle keeps `peer` (a removed peer fails the transfer either way)."""
+    def _transfer(self, op: str, peer: Peer, spans: torch.Tensor, path: str) -> TransferHandle:
         t0 = time.perf_counter()
         self._check_open()
         if not isinstance(peer, Peer) or self._peers.get(peer.name) is not peer:
             raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "
                              f"removed since), got {peer!r:.80}")
         paths.check_path(path, op, self.strided)
-        via = peer if remote is None else remote
         ours = self.cache.buffer.numel()
-        src_bytes, dst_bytes = (via.nbytes, ours) if op == "READ" else (ours, via.nbytes)
+        src_bytes, dst_bytes = (peer.nbytes, ours) if op == "READ" else (ours, peer.nbytes)
         if isinstance(spans, torch.Tensor) and spans.dim() == 2 and spans.shape[1] == 6:
-            return self._transfer_runs(op, peer, spans, path, src_bytes, dst_bytes, t0, via)
+            return self._transfer_runs(op, peer, spans, path, src_bytes, dst_bytes, t0)
         spans = as_spans(spans)
         check_spans(spans, src_bytes, dst_bytes)
         keep = spans[:, 2] > 0
@@ -250,7 +277,7 @@ class Endpoint(PeerTable, TransferResources):
                              f"(at most {paths.PREPARED_MAX_INDICES}): use 'strided' or 'staged'")
         stats.path = path
         if path == "plain":
-            parts = paths.plain_parts(self, via, op, local_off, remote_off, lengths, stats)
+            parts = paths.plain_parts(self, peer, op, local_off, remote_off, lengths, stats)
         elif path == "prepared":
             parts = paths.prepared_parts(self, peer, op, local_off, remote_off, lengths, g, stats)
         elif path == "strided":
@@ -266,7 +293,7 @@ class Endpoint(PeerTable, TransferResources):
         return self._start(op, peer, parts, stats, on_end, t0)
 
     def _transfer_runs(self, op: str, peer: Peer, runs: torch.Tensor, path: str, src_bytes: int,
-                       dst_bytes: int, t0: float, via: Peer) -> TransferHandle:
+                       dst_bytes: int, t0: float) -> TransferHandle:
         runs = as_runs(runs)
         check_runs(runs, src_bytes, dst_bytes)
         r = runs[runs[:, 2] > 0].numpy()
@@ -274,7 +301,7 @@ class Endpoint(PeerTable, TransferResources):
                               bytes=int((r[:, 2] * r[:, 5]).sum()), runs=int(runs.shape[0]))
         if stats.spans == 0:
             return TransferHandle(self, peer, op, [], stats)
-        stats.path, parts, on_end = run_paths.run_parts(self, via, op, r, path, stats)
+        stats.path, parts, on_end = run_paths.run_parts(self, peer, op, r, path, stats)
         return self._start(op, peer, parts, stats, on_end, t0)
 
     def _start(self, op: str, peer: Peer, parts, stats: TransferStats, on_end,

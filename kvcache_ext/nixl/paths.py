@@ -111,8 +111,13 @@ def _indices(first: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return (starts + np.arange(total, dtype=np.int64)).astype(np.uint32)
 
 
-def plain_parts(ep, peer, op: str, local_off, remote_off, lengths, stats) -> list[Part]:
+def plain_parts(ep, peer, op: str, local_off, remote_off, lengths, stats,
+                before=None) -> list[Part]:
+    """One part of one descriptor per span; before(): called first when the part is made (a
+    packed read's wait for the peer to fill the range)."""
     def make():
+        if before is not None:
+            before()
         t = time.perf_counter()
         local = _descs(ep.cache.buffer.data_ptr(), local_off, lengths, ep._device_id)
         remote = _descs(peer.address, remote_off, lengths, peer.device_id)

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from ..cache.buffer import host_buffer
 from .handle import NixlError
 
 
@@ -60,7 +61,7 @@ class TransferResources:
                 i = min(fits, key=lambda i: self._stage_free[i].numel())
                 return self._stage_free.pop(i)
             size = max(1 << 20, 1 << max(nbytes - 1, 1).bit_length())
-            buf = torch.empty(size, dtype=torch.uint8, device=self.cache.buffer.device)
+            buf = host_buffer(size, self.cache.buffer.device)
             reg = self._agent.register_memory(buf)
             self._stage_all.append((buf, reg))
             return buf

@@ -88,9 +88,13 @@ class PackBuffer:
             dst = plan_from_dict(ask["plan"])
             start, count = int(ask["start"]), int(ask["count"])
             pr = packed_read(dst, start, count, int(ask["part_bytes"]))
+            xplan = TransferPlan(plan, pr.plan)
             table = torch.tensor(ask["block_ids"], dtype=torch.int64)
-            parts = split_runs(TransferPlan(plan, pr.plan).token_runs(
-                table, pr.table(), count, start, start), 1, pr.bounds)
+            used = table[start // plan.block_size:-(-(start + count) // plan.block_size)]
+            if used.numel() * plan.block_size < start % plan.block_size + count or (
+                    used.numel() and not 0 <= int(used.min()) <= int(used.max()) < plan.num_blocks):
+                raise IndexError(f"block_ids {ask['block_ids'][:8]}... do not hold tokens "
+                                 f"{start}..{start + count} in {plan.num_blocks} blocks")
         except Exception as e:  # noqa: BLE001 - the consumer reads unpacked instead
             yield {"ok": True, "packed": None, "why": f"{type(e).__name__}: {e}"}, b""
             return
@@ -99,11 +103,17 @@ class PackBuffer:
             yield {"ok": True, "packed": None,
                    "why": f"the pack buffer has no {pr.nbytes} B free"}, b""
             return
-        try:
+        try:  # the reply first: the consumer plans its read while the runs are planned here
             yield {"ok": True, "packed": {"offset": at, "bytes": pr.nbytes,
-                                          "part_bytes": pr.bounds[1]}}, b""
+                                          "part_bytes": int(ask["part_bytes"])}}, b""
+            parts = split_runs(xplan.token_runs(
+                table, pr.table(), count, start, start), 1, pr.bounds)
             for p, runs in enumerate(parts):
                 if runs.numel():
+                    # in source order: the runs that split one source page (a block-size
+                    # change) follow each other, so the page is read from DRAM once, not once
+                    # per run (64 -> 32: 20 ms -> 10 ms for 134 MB on a 2-core EPYC)
+                    runs = runs[torch.argsort(runs[:, 0])]
                     runs[:, 1] += at
                     _ops.copy_runs(cache, self.buffer, runs)
                 yield {"ok": True, "part": p}, b""
@@ -139,34 +149,35 @@ def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Ten
         raise RuntimeError(f"the producer packed {packed.get('bytes')} B, this read needs "
                            f"{pr.nbytes} B")
     runs = TransferPlan(pr.plan, ep.plan).token_runs(pr.table(), dst_table, count, start, start)
-    parts = split_runs(runs, 0, pr.bounds)
-    stats = kvc_nixl.TransferStats(
-        path="packed", spans=int(runs[:, 5].sum()), bytes=int((runs[:, 2] * runs[:, 5]).sum()),
-        runs=int(runs.shape[0]), parts=pr.parts, plan_s=time.perf_counter() - t,
-        plan_cpu_s=time.thread_time() - c)
-    handles = []
-    try:
-        t_move = time.perf_counter()
-        for p, part in enumerate(parts):
-            tw = time.perf_counter()
+    at = int(packed["offset"])
+    src = runs.clone()
+    src[:, 0] += at
+    plan_s, plan_cpu_s = time.perf_counter() - t, time.thread_time() - c
+    seen, waited = [-1], [0.0]
+
+    def ready(p: int) -> None:  # part p is packed: the producer said so (parts come in order)
+        tw = time.perf_counter()
+        while seen[0] < p:
             msg, _ = next(replies, ({"ok": False, "why": "the side channel closed"}, b""))
-            stats.pack_wait_s += time.perf_counter() - tw
-            if not msg.get("ok") or msg.get("part") != p:
+            if not msg.get("ok") or "part" not in msg:
                 raise RuntimeError(f"the producer did not pack part {p} of {pr.parts}: "
                                    f"{msg.get('why', msg)}")
-            if part.numel():
-                part[:, 0] += int(packed["offset"])
-                handles.append(ep.read_exposed(peer, part))
-        for h in handles:
-            h.wait(left())
-            stats.pieces += h.stats.pieces
-        stats.move_s = time.perf_counter() - t_move
+            seen[0] = int(msg["part"])
+        waited[0] += time.perf_counter() - tw
+    handle = None
+    try:
+        handle = ep.read_exposed(peer, src, [b + at for b in pr.bounds], ready)
+        handle.wait(left())
         done, _ = next(replies, ({}, b""))
-        stats.pack_s = float(done.get("pack_s", 0.0))
-    except BaseException:
-        for h in handles:
-            h.cancel()  # no byte lands after this
+    except BaseException as e:
+        if handle is not None:
+            handle.cancel()  # no byte lands after this
+        if isinstance(e, kvc_nixl.NixlError):  # a part that failed, or was never packed
+            raise RuntimeError(str(e)) from None
         raise
     finally:
         replies.close()
+    stats = handle.stats
+    stats.path, stats.plan_s, stats.plan_cpu_s = "packed", plan_s, plan_cpu_s
+    stats.pack_wait_s, stats.pack_s = waited[0], float(done.get("pack_s", 0.0))
     return stats, runs
