@@ -70,9 +70,18 @@ CLASS = {"kvcache_ext": "KvcacheExtConnector", "kvcache_ext_packed": "KvcacheExt
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below Linux's ephemeral range (32768 on): one the OS hands out for port 0 --
+    as the other engine, starting beside this one, does for its own sockets -- can be taken
+    between this check and the engine's bind (a NixlConnector engine then never starts)."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def meta() -> dict:
@@ -111,10 +120,10 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
     t = time.time()
     p = eng.start(f"P{bp}", bp, 0, extra=extra_p, env=env_p, wait=False, **kw)
     d = eng.start(f"D{bd}", bd, 1, extra=extra_d, env=env_d, wait=False, **kw)
-    eng.wait(p, args.timeout_s), eng.wait(d, args.timeout_s)
-    out = {"connector": connector, "prefill_block": bp, "decode_block": bd,
-           "start_s": time.time() - t, "requests": []}
+    out = {"connector": connector, "prefill_block": bp, "decode_block": bd, "requests": []}
     try:
+        eng.wait(p, args.timeout_s), eng.wait(d, args.timeout_s)
+        out["start_s"] = time.time() - t
         for i, ids in enumerate(prompts):
             pre = p.generate([Prompt(ids, 1, {"do_remote_decode": True})], args.timeout_s)[0]
             m0 = d.metrics()
@@ -231,6 +240,19 @@ def markdown(res: dict) -> str:
                      f"| {s['path']} | {f(s['transfer_s'], '.4f')} s | {f(s['gbps'], '.2f')} | "
                      f"{plan} | "
                      f"{ms(s.get('unpack_s'))} | {packing} | {f(s.get('logprob_diff'), '.2g')} |")
+    like = next((r["summary"] for r in res["pairs"] if r["connector"] == "kvcache_ext"
+                 and r["prefill_block"] == r["decode_block"] and r["summary"].get("ttft_s")), None)
+    unlike = [r for r in res["pairs"] if r["connector"].startswith("kvcache_ext")
+              and r["prefill_block"] != r["decode_block"] and r["summary"].get("ttft_s")]
+    if like and unlike:
+        lines += ["", "Unlike block sizes against the like pair of the same run (KvcacheExtConnector, "
+                  "medians):", "", "| connector | P block -> D block | path | TTFT / like TTFT | "
+                  "transfer GB/s / like GB/s |", "|---|---|---|---|---|"]
+        for r in unlike:
+            s = r["summary"]
+            lines.append(f"| {r['connector']} | {r['prefill_block']} -> {r['decode_block']} | "
+                         f"{s['path']} | {s['ttft_s'] / like['ttft_s']:.2f}x | "
+                         f"{f(s['gbps'] and like['gbps'] and 100 * s['gbps'] / like['gbps'], '.0f')} % |")
     return "\n".join(lines) + "\n"
 
 
@@ -289,13 +311,18 @@ def main() -> None:
                 print(f"{connector}: prefill block {bp} -> decode block {bd}", flush=True)
                 res["pairs"].append(run_pair(eng, connector, bp, bd, prompts, args,
                                              os.path.join(log_dir, connector)))
+                write(res, args)  # after every pair: a run cut short keeps what it measured
     res["seconds"] = time.time() - t
+    write(res, args)
+    print(markdown(res))
+
+
+def write(res: dict, args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = MODELS[args.model]["name"]
     (out / f"{name}.json").write_text(json.dumps(res, indent=1))
     (out / f"{name}.md").write_text(markdown(res))
-    print(markdown(res))
 
 
 if __name__ == "__main__":
