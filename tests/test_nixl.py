@@ -362,13 +362,18 @@ def test_a_packed_read_through_the_exposed_buffer_lands_the_direct_moves_bytes()
         kvc.copy_spans(src, want, kvc.TransferPlan(src_plan, dst_plan).token_spans(
             src_table, dst_table, count, start, start))
         assert torch.equal(b.cache.buffer, want.buffer)
-        before = b.cache.buffer.clone()
-        def fail(p: int) -> None:
+
+        def fail(p: int) -> None:  # the producer stops before part 2
             if p == 2:
                 raise RuntimeError("the producer stopped")
+        b.cache.buffer.fill_(0xFF)
         with pytest.raises(kn.NixlError, match="the producer stopped"):
             b.read_exposed(peer, read, bounds, fail)
-        b.cache.buffer.copy_(want.buffer)
+        for p, part in enumerate(split_runs(read, 0, bounds)):  # parts 0, 1 landed, no other
+            for _, d, n in kvc.spans_of_runs(part).tolist():
+                got = b.cache.buffer[d:d + n]
+                assert torch.equal(got, want.buffer[d:d + n]) if p < 2 else bool((got == 0xFF).all())
+        before = b.cache.buffer.clone()
         with pytest.raises(IndexError, match="source pieces must lie in"):
             b.read_exposed(peer, torch.tensor([[pr.nbytes + 4000, 0, 200]]))
         with pytest.raises(ValueError, match="exposes a buffer"):

@@ -36,13 +36,11 @@ InfiniBand. Set UCX_NET_DEVICES=lo to keep UCX on loopback (tests, benchmarks on
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import os
 import sys
 import threading
 import time
 import warnings
-from typing import Callable
 
 if "nixl" not in sys.modules:
     os.environ.setdefault("UCX_MODULES", "^ib")
@@ -62,11 +60,11 @@ from ..cache import KVCache  # noqa: E402
 from ..cache.buffer import host_buffer  # noqa: E402
 from ..plan import CachePlan, GroupPlan  # noqa: E402
 from ..transfer import (TransferPlan, as_runs, as_spans, check_runs, check_spans,  # noqa: E402
-                        merge_spans, runs_of_spans, spans_of_runs)
-from ..transfer.pack import split_runs  # noqa: E402
+                        runs_of_spans)
 from . import paths, run_paths  # noqa: E402
 from .handle import (NixlError, PeerGoneError, TransferHandle, TransferStats,  # noqa: E402
                      nixl_error)
+from .exposed import ExposedReads  # noqa: E402
 from .peers import Peer, PeerTable  # noqa: E402
 from .resources import TransferResources  # noqa: E402
 
@@ -86,7 +84,7 @@ def _close_open_endpoints() -> None:
             pass
 
 
-class Endpoint(PeerTable, TransferResources):
+class Endpoint(PeerTable, TransferResources, ExposedReads):
     """A cache's flat buffer registered with a NIXL agent named `name` (unique among peers)."""
 
     def __init__(self, name: str, cache: KVCache, *, poll_interval_s: float | None =
@@ -166,45 +164,6 @@ class Endpoint(PeerTable, TransferResources):
         support, paths.py), or force "plain", "prepared", "strided" (nixl >= 1.5) or "staged";
         the bytes are the same either way."""
         return self._transfer("READ", peer, spans, path)
-
-    def read_exposed(self, peer: Peer, runs: torch.Tensor, bounds=None,
-                     ready: Callable[[int], None] | None = None) -> TransferHandle:
-        """Pull bytes of the peer's exposed buffer (its Endpoint(exposed_bytes=)) into our cache:
-        spans [S, 3] or runs [R, 6] whose source offsets are in that buffer, checked against its
-        size and our cache before anything moves; posted as merged spans (the plain path). With
-        `bounds` (increasing offsets of that buffer) the read is one NIXL transfer per range
-        [bounds[p], bounds[p + 1]) that it touches, in order, each made only after ready(p)
-        returns (the peer has filled that range: a packed read) -- planned once, up front."""
-        self._check_open()
-        if not isinstance(peer, Peer) or not peer.exposed_nbytes:
-            raise ValueError(f"peer must be a Peer that exposes a buffer (Endpoint(exposed_bytes="
-                             f"n > 0)), got {peer!r:.120}")
-        if self._peers.get(peer.name) is not peer:
-            raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "
-                             f"removed since), got {peer!r:.80}")
-        t0 = time.perf_counter()
-        via = dataclasses.replace(peer, address=peer.exposed_address, nbytes=peer.exposed_nbytes)
-        if isinstance(runs, torch.Tensor) and runs.dim() == 2 and runs.shape[1] == 3:
-            sp = as_spans(runs)  # spans as runs of one piece
-            runs = torch.cat([sp, sp[:, 2:].repeat(1, 2), torch.ones_like(sp[:, :1])], 1)
-        runs = as_runs(runs)
-        check_runs(runs, via.nbytes, self.cache.buffer.numel())
-        spans = merge_spans(*spans_of_runs(runs[runs[:, 2] > 0]).unbind(1))
-        stats = TransferStats(path="plain", spans=int(spans.shape[0]),
-                              bytes=int(spans[:, 2].sum()) if spans.numel() else 0,
-                              runs=int(runs.shape[0]))
-        if stats.bytes == 0:
-            return TransferHandle(self, peer, "READ", [], stats)
-        if bounds is None:
-            bounds = (0, via.nbytes)
-        one = torch.cat([spans, spans[:, 2:].repeat(1, 2), torch.ones_like(spans[:, :1])], 1)
-        parts = []
-        for p, cut in enumerate(split_runs(one, 0, bounds)):
-            if cut.numel():
-                s = cut.numpy()
-                parts.extend(paths.plain_parts(self, via, "READ", s[:, 1], s[:, 0], s[:, 2], stats,
-                                               before=(lambda p=p: ready(p)) if ready else None))
-        return self._start("READ", peer, parts, stats, None, t0)
 
     def transfer_plan(self, peer: Peer) -> TransferPlan:
         """TransferPlan(peer.plan, self.plan), made on first use and kept until the peer is

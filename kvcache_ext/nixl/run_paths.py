@@ -25,6 +25,7 @@ import torch
 from ..ops.library import ops as _ops
 from .handle import Part
 from ..transfer import merge_spans, spans_of_runs
+from ..transfer.pack import pieces_of
 from . import paths
 from .paths import AUTO_MIN_SPANS, DESC_S, READ_BYTES_PER_S, _lap
 
@@ -60,16 +61,7 @@ def _pieces_of(r: np.ndarray, far: np.ndarray) -> np.ndarray:
     """The runs r[far] as one run of count 1 per piece, after the others."""
     if not bool(far.any()):
         return r
-    f = r[far]
-    cnt = f[:, 5]
-    which = np.repeat(np.arange(f.shape[0]), cnt)
-    j = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-    g = f[which].copy()
-    g[:, 0] += j * g[:, 3]
-    g[:, 1] += j * g[:, 4]
-    g[:, 3] = g[:, 4] = g[:, 2]
-    g[:, 5] = 1
-    return np.concatenate([r[~far], g])
+    return np.concatenate([r[~far], pieces_of(r[far])])
 
 
 def stage_runs(runs: np.ndarray, gap: int | None = None,

@@ -78,6 +78,19 @@ def packed_read(dst_plan: CachePlan, start: int, count: int,
     return PackedRead(plan, start, count, bounds)
 
 
+def pieces_of(f: np.ndarray) -> np.ndarray:
+    """Runs [R, 6] (numpy) as one run of count 1 per piece, in order."""
+    cnt = f[:, 5]
+    which = np.repeat(np.arange(f.shape[0]), cnt)
+    j = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    g = f[which].copy()
+    g[:, 0] += j * g[:, 3]
+    g[:, 1] += j * g[:, 4]
+    g[:, 3] = g[:, 4] = g[:, 2]
+    g[:, 5] = 1
+    return g
+
+
 def split_runs(runs: torch.Tensor, col: int, bounds) -> list[torch.Tensor]:
     """Runs [R, 6] (src, dst, length, src_stride, dst_stride, count) cut at the byte offsets
     `bounds` of their source (col 0) or destination (col 1) side: one int64 [*, 6] per part
@@ -105,14 +118,7 @@ def split_runs(runs: torch.Tensor, col: int, bounds) -> list[torch.Tensor]:
     out, parts = [r[whole]], [part(lo[whole])]
     f = r[~whole]
     if f.shape[0]:  # their pieces, one run each
-        cnt = f[:, 5]
-        which = np.repeat(np.arange(f.shape[0]), cnt)
-        j = np.arange(int(cnt.sum()), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
-        g = f[which].copy()
-        g[:, 0] += j * g[:, 3]
-        g[:, 1] += j * g[:, 4]
-        g[:, 3] = g[:, 4] = g[:, 2]
-        g[:, 5] = 1
+        g = pieces_of(f)
         while g.shape[0]:
             p = part(g[:, col])
             cross = p != part(g[:, col] + g[:, 2] - 1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -37,14 +38,11 @@ class PackBuffer:
         self._lock = threading.Lock()
 
     def lend(self, rid: str, nbytes: int) -> int | None:
-        """The offset of a free range of nbytes lent to rid (None: no room, or rid's earlier
-        range is still being packed)."""
+        """The offset of a free range of nbytes lent to rid (None: no room, or rid holds a
+        range already)."""
         with self._lock:
-            old = self._slots.get(rid)
-            if old is not None:
-                if old.busy:
-                    return None
-                del self._slots[rid]
+            if rid in self._slots:  # asked twice: the first asker may still read its range
+                return None
             at = 0
             for s in sorted(self._slots.values(), key=lambda s: s.offset):
                 if s.offset - at >= nbytes:
@@ -77,12 +75,20 @@ class PackBuffer:
         with self._lock:
             return {rid: (s.offset, s.nbytes) for rid, s in self._slots.items()}
 
-    def pack(self, cache: torch.Tensor, plan: CachePlan, rid: str, ask: dict):
+    def busy(self, rid: str) -> bool:
+        with self._lock:
+            slot = self._slots.get(rid)
+            return slot is not None and slot.busy
+
+    def pack(self, cache: torch.Tensor, plan: CachePlan, rid: str, ask: dict,
+             alive: Callable[[], bool]):
         """The acquire's reply, then "part p" as each part is packed: the prompt's tokens
         re-tiled from `cache` (of `plan`) into the consumer's page form (its plan, start, count,
         our block ids and the part size, from `ask`) in a range lent to rid. What cannot be
         packed (no room, a plan or block list that does not fit) answers packed: None with why:
-        the consumer then reads our cache as it is."""
+        the consumer then reads our cache as it is. alive(): the producer still holds rid's
+        blocks (checked after the range is lent and before each part: a hold released meanwhile
+        frees the range, and a pack never reads blocks given back to vLLM)."""
         t0 = time.perf_counter()
         try:
             dst = plan_from_dict(ask["plan"])
@@ -104,11 +110,17 @@ class PackBuffer:
                    "why": f"the pack buffer has no {pr.nbytes} B free"}, b""
             return
         try:  # the reply first: the consumer plans its read while the runs are planned here
+            if not alive():  # released while this was planned: the range is not left lent
+                self.free(rid)
+                yield {"ok": False, "why": f"request {rid}'s blocks were released"}, b""
+                return
             yield {"ok": True, "packed": {"offset": at, "bytes": pr.nbytes,
                                           "part_bytes": int(ask["part_bytes"])}}, b""
             parts = split_runs(xplan.token_runs(
                 table, pr.table(), count, start, start), 1, pr.bounds)
             for p, runs in enumerate(parts):
+                if not alive():
+                    raise RuntimeError(f"request {rid}'s blocks were released while packing")
                 if runs.numel():
                     # in source order: the runs that split one source page (a block-size
                     # change) follow each other, so the page is read from DRAM once, not once
@@ -116,8 +128,7 @@ class PackBuffer:
                     runs = runs[torch.argsort(runs[:, 0])]
                     runs[:, 1] += at
                     _ops.copy_runs(cache, self.buffer, runs)
-                yield {"ok": True, "part": p}, b""
-            yield {"ok": True, "done": True, "pack_s": time.perf_counter() - t0}, b""
+                yield {"ok": True, "part": p, "pack_s": time.perf_counter() - t0}, b""
         finally:
             self._packed(rid, at)
 
@@ -140,35 +151,37 @@ def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Ten
                                                                   torch.Tensor]:
     """Read each part of the prompt into place as the producer reports it packed (packed: its
     first reply's offset, bytes and part size; replies: the side channel's stream after that
-    reply; left(): seconds left to the read's deadline).
+    reply, each wait bounded by the read's deadline; left(): seconds left to it).
     -> (what it did, the runs it read: their destinations are the rows written). Raises, with
-    every posted part cancelled, if the producer fails or stops."""
-    t, c = time.perf_counter(), time.thread_time()
-    pr = packed_read(ep.plan, start, count, int(packed["part_bytes"]))
-    if int(packed.get("bytes", -1)) != pr.nbytes:
-        raise RuntimeError(f"the producer packed {packed.get('bytes')} B, this read needs "
-                           f"{pr.nbytes} B")
-    runs = TransferPlan(pr.plan, ep.plan).token_runs(pr.table(), dst_table, count, start, start)
-    at = int(packed["offset"])
-    src = runs.clone()
-    src[:, 0] += at
-    plan_s, plan_cpu_s = time.perf_counter() - t, time.thread_time() - c
-    seen, waited = [-1], [0.0]
-
-    def ready(p: int) -> None:  # part p is packed: the producer said so (parts come in order)
-        tw = time.perf_counter()
-        while seen[0] < p:
-            msg, _ = next(replies, ({"ok": False, "why": "the side channel closed"}, b""))
-            if not msg.get("ok") or "part" not in msg:
-                raise RuntimeError(f"the producer did not pack part {p} of {pr.parts}: "
-                                   f"{msg.get('why', msg)}")
-            seen[0] = int(msg["part"])
-        waited[0] += time.perf_counter() - tw
+    every posted part cancelled, if the producer fails, stops or is late; closes `replies`."""
     handle = None
     try:
+        t, c = time.perf_counter(), time.thread_time()
+        pr = packed_read(ep.plan, start, count, int(packed["part_bytes"]))
+        if int(packed.get("bytes", -1)) != pr.nbytes:
+            raise RuntimeError(f"the producer packed {packed.get('bytes')} B, this read needs "
+                               f"{pr.nbytes} B")
+        runs = TransferPlan(pr.plan, ep.plan).token_runs(pr.table(), dst_table, count, start,
+                                                         start)
+        at = int(packed["offset"])
+        src = runs.clone()
+        src[:, 0] += at
+        plan_s, plan_cpu_s = time.perf_counter() - t, time.thread_time() - c
+        seen, waited, pack_s = [-1], [0.0], [0.0]
+
+        def ready(p: int) -> None:  # part p is packed: the producer said so (parts in order)
+            tw = time.perf_counter()
+            while seen[0] < p:
+                msg, _ = next(replies, ({"ok": False, "why": "the side channel closed"}, b""))
+                if not msg.get("ok") or "part" not in msg:
+                    raise RuntimeError(f"the producer did not pack part {p} of {pr.parts}: "
+                                       f"{msg.get('why', msg)}")
+                seen[0], pack_s[0] = int(msg["part"]), float(msg.get("pack_s", 0.0))
+            waited[0] += time.perf_counter() - tw
         handle = ep.read_exposed(peer, src, [b + at for b in pr.bounds], ready)
         handle.wait(left())
-        done, _ = next(replies, ({}, b""))
+        if seen[0] < pr.parts - 1:  # parts of no bytes at the end: their notices, for pack_s
+            ready(pr.parts - 1)
     except BaseException as e:
         if handle is not None:
             handle.cancel()  # no byte lands after this
@@ -179,5 +192,5 @@ def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Ten
         replies.close()
     stats = handle.stats
     stats.path, stats.plan_s, stats.plan_cpu_s = "packed", plan_s, plan_cpu_s
-    stats.pack_wait_s, stats.pack_s = waited[0], float(done.get("pack_s", 0.0))
+    stats.pack_wait_s, stats.pack_s = waited[0], pack_s[0]
     return stats, runs

@@ -36,14 +36,17 @@ def recv(sock: socket.socket) -> tuple[dict, bytes]:
     return json.loads(_recv_exactly(sock, n_head)), _recv_exactly(sock, n_blob)
 
 
-def stream(host: str, port: int, message: dict, timeout_s: float) -> Iterator[tuple[dict, bytes]]:
+def stream(host: str, port: int, message: dict,
+           left: Callable[[], float]) -> Iterator[tuple[dict, bytes]]:
     """One request and the replies the producer streams back, as they come, until it closes
-    the connection; each reply is awaited at most timeout_s. Closing the generator closes the
+    the connection; every wait ends by the caller's deadline (left(): the seconds left to it,
+    asked before each reply: TimeoutError once it has passed). Closing the generator closes the
     connection."""
-    with socket.create_connection((host, port), timeout=timeout_s) as sock:
-        sock.settimeout(timeout_s)
+    with socket.create_connection((host, port), timeout=left()) as sock:
+        sock.settimeout(left())
         send(sock, message)
         while True:
+            sock.settimeout(left())
             first = sock.recv(1, socket.MSG_PEEK)
             if not first:
                 return

@@ -130,7 +130,8 @@ class WorkerSide:
         now = time.time()
         with self._cond:
             for rid, h in list(self._holds.items()):
-                if now > (h.read_deadline if h.read_deadline else h.expiry_time):
+                if now > (h.read_deadline if h.read_deadline else h.expiry_time) and not (
+                        self.pack is not None and self.pack.busy(rid)):  # not while packed
                     log.warning("KvcacheExtConnector: freeing %s's blocks unread after the hold "
                                 "timeout", rid)
                     del self._holds[rid]
@@ -140,6 +141,11 @@ class WorkerSide:
             failed, self._recv_failed = self._recv_failed, set()
             done, self._recv_done = self._recv_done, set()
         return sent, done | failed, failed
+
+    def _holding(self, rid: str, gen: int) -> bool:
+        with self._cond:
+            h = self._holds.get(rid)
+            return h is not None and h.generation == gen
 
     def _free_pack(self, rid: str) -> None:
         if self.pack is not None:
@@ -177,7 +183,8 @@ class WorkerSide:
                                                 f"timed out"}, b""
                 h.read_deadline = time.time() + float(m.get("timeout_s", self.cfg.read_timeout_s))
             if m.get("pack") and self.pack is not None:
-                return self.pack.pack(self.ep.cache.buffer, self.ep.plan, rid, m["pack"])
+                return self.pack.pack(self.ep.cache.buffer, self.ep.plan, rid, m["pack"],
+                                      lambda: self._holding(rid, gen))
             return {"ok": True}, b""
         if op == "release":
             rid, gen = str(m["request_id"]), int(m["generation"])
@@ -316,7 +323,7 @@ class WorkerSide:
             if pack is None:
                 reply, _ = call(r.host, r.port, ask, left())
             else:  # the producer packs, streaming "part p is packed" after its reply
-                replies = stream(r.host, r.port, ask | {"pack": pack}, left())
+                replies = stream(r.host, r.port, ask | {"pack": pack}, left)
                 reply, _ = next(replies, ({"ok": False, "why": "no reply"}, b""))
             t = lap("acquire_s", t)
             if pack is not None and not (reply.get("ok") and reply.get("packed")):

@@ -25,7 +25,9 @@ def test_pack_buffer_lends_first_fit_and_keeps_ranges_being_packed():
     assert pb.lend("d", 60) is None and "b" in pb.lent()
     pb._packed("b", 40)
     assert "b" not in pb.lent() and pb.lend("d", 60) == 30
-    assert pb.lend("d", 10) is None   # d asked again while its range is being packed
+    assert pb.lend("d", 10) is None   # d asked again (its first asker may still read it)
+    pb._packed("d", 30)
+    assert pb.lend("d", 10) is None and pb.lent()["d"] == (30, 60)
 
 
 def _pair(src_block: int, dst_block: int, exposed: int):
@@ -47,7 +49,7 @@ def test_a_pack_stream_read_by_the_consumer_lands_the_direct_moves_bytes(blocks,
         src_table = torch.randperm(64)[:-(-700 // blocks[0])]
         dst_table = torch.randperm(64)[:-(-700 // blocks[1])]
         ask = pack_ask(cons, peer, src_table.tolist(), start, count, 64 << 10)  # several parts
-        stream = pb.pack(prod.cache.buffer, prod.plan, "req", ask)
+        stream = pb.pack(prod.cache.buffer, prod.plan, "req", ask, lambda: True)
         first, _ = next(stream)
         assert first["ok"] and first["packed"]["bytes"] > 0
         stats, runs = read_packed(cons, peer, dst_table, start, count, first["packed"], stream,
@@ -75,11 +77,15 @@ def test_what_cannot_be_packed_says_why_and_a_stopped_producer_fails_the_read():
         assert pack_ask(cons, peer, table, 0, 1000) is None     # packed, it would not fit
         ask = pack_ask(cons, peer, table, 0, 300)
         bad = dict(ask, block_ids=[10 ** 6] * 10)
-        reply, _ = next(pb.pack(prod.cache.buffer, prod.plan, "bad", bad))
+        reply, _ = next(pb.pack(prod.cache.buffer, prod.plan, "bad", bad, lambda: True))
         assert reply["ok"] and reply["packed"] is None and "IndexError" in reply["why"]
-        held = pb.pack(prod.cache.buffer, prod.plan, "one", ask)
+        gone = pb.pack(prod.cache.buffer, prod.plan, "gone", ask, lambda: False)
+        reply, _ = next(gone)  # released while it was planned: refused, the range not kept
+        assert not reply["ok"] and "released" in reply["why"]
+        assert list(gone) == [] and "gone" not in pb.lent()
+        held = pb.pack(prod.cache.buffer, prod.plan, "one", ask, lambda: True)
         assert next(held)[0]["packed"]
-        reply, _ = next(pb.pack(prod.cache.buffer, prod.plan, "two", ask))  # the buffer is full
+        reply, _ = next(pb.pack(prod.cache.buffer, prod.plan, "two", ask, lambda: True))  # full
         assert reply["packed"] is None and "pack buffer has no" in reply["why"]
         dst_table = torch.arange(7)
         before = cons.cache.buffer.clone()
@@ -94,6 +100,47 @@ def test_what_cannot_be_packed_says_why_and_a_stopped_producer_fails_the_read():
         pb.free("one")
         assert pb.lent() == {}
     finally:
+        cons.close()
+        prod.close()
+
+
+def test_a_producer_late_past_the_deadline_fails_the_read_by_the_deadline():
+    """Through the real side channel (a Server streaming the producer's generator, stream()
+    reading it): a producer that announces the packed range and then stalls fails the read
+    when the read's own deadline passes -- every wait of the stream is bounded by it, not each
+    by a fresh timeout -- and the stalled generator's finally runs once the consumer has gone."""
+    import threading
+    import time as _time
+    from kvcache_ext.vllm.side_channel import Server, stream
+    prod, cons, peer = _pair(32, 48, exposed=1 << 20)
+    ended = threading.Event()
+
+    def handler(m):
+        def gen():
+            try:
+                yield {"ok": True, "packed": {"offset": 0, "bytes": ask_bytes(cons, 300),
+                                              "part_bytes": 64 << 10}}, b""
+                for _ in range(40):  # stalls: 0.1 s per beat, far past the 1.5 s deadline
+                    _time.sleep(0.1)
+                    yield {"ok": True, "beat": True}, b""
+            finally:
+                ended.set()
+        return gen()
+    server = Server("127.0.0.1", 0, handler)
+    try:
+        deadline = _time.monotonic() + 1.5
+        left = lambda: max(deadline - _time.monotonic(), 0.001)  # noqa: E731
+        replies = stream("127.0.0.1", server.port, {"op": "acquire"}, left)
+        first, _ = next(replies)
+        before = cons.cache.buffer.clone()
+        t = _time.monotonic()
+        with pytest.raises(RuntimeError, match="did not pack part 0"):
+            read_packed(cons, peer, torch.arange(7), 0, 300, first["packed"], replies, left)
+        assert _time.monotonic() - t < 2.0
+        assert torch.equal(cons.cache.buffer, before)
+        assert ended.wait(10)  # the producer's stream noticed the consumer had gone
+    finally:
+        server.close()
         cons.close()
         prod.close()
 
