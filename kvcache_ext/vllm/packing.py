@@ -28,6 +28,20 @@ class _Slot:
     released: bool = False  # the read is over (or the hold ended): free once not busy
 
 
+class Done:
+    """A read that has already finished, as the worker's loads see a handle (a packed read moves
+    its parts as they are packed)."""
+
+    def __init__(self, stats: kvc_nixl.TransferStats) -> None:
+        self.stats = stats
+
+    def wait(self, timeout_s: float) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+
 class PackBuffer:
     """A producer's pack buffer: ranges lent to one request each, first fit. A range is never
     lent again while a pack may still write into it."""

@@ -31,7 +31,7 @@ from .cache_plan import cache_of
 from .config import ConnectorConfig
 from .group_plan import group_cache_of, group_plan_of
 from .group_reads import group_spans, group_tables
-from .packing import PackBuffer, pack_ask, read_packed
+from .packing import Done, PackBuffer, pack_ask, read_packed
 from .protocol import KvcacheExtMetadata, RecvSpec, Remote, WorkerAddress
 from .side_channel import Server, call, stream
 
@@ -44,19 +44,6 @@ class _Hold:
     generation: int
     expiry_time: float        # time.time(): freed unread after this
     read_deadline: float = 0  # time.time(): a granted read holds the blocks until then
-
-
-class _Done:
-    """A read that has already finished (a packed read moves its parts as they are packed)."""
-
-    def __init__(self, stats) -> None:
-        self.stats = stats
-
-    def wait(self, timeout_s: float) -> None:
-        pass
-
-    def cancel(self) -> None:
-        pass
 
 
 class LoadError(RuntimeError):
@@ -339,7 +326,7 @@ class WorkerSide:
                         rs.start, rs.count, reply["packed"], replies, left)
                 except RuntimeError as e:
                     raise LoadError(str(e)) from None
-                handle, moved = _Done(stats), lambda spec=None: spans_of_runs(runs)
+                handle, moved = Done(stats), lambda spec=None: spans_of_runs(runs)
             else:
                 handle, moved = self._read(peer, r, rs)
             xfer = handle.stats  # what it planned and posted, in the stats line even if it fails
