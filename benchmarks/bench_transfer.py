@@ -34,7 +34,6 @@ import json
 import multiprocessing as mp
 import os
 import queue
-import socket
 import statistics
 import sys
 import time
@@ -47,6 +46,7 @@ import torch  # noqa: E402
 import kvcache_ext as kvc  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from engines import free_port  # noqa: E402
 from bench_transfer_report import load_warning, markdown, meta, plot, targets  # noqa: E402
 
 MLA, INDEXER = 656, 132
@@ -163,12 +163,6 @@ def reply(replies, proc, kind: str, timeout_s: float = WAIT_S):
         assert msg[0] == kind, msg
         return msg
     raise TimeoutError(f"no {kind!r} from the owner within {timeout_s} s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- measurements -----------------------------------------------------------------------------

@@ -42,14 +42,13 @@ import json
 import os
 import platform
 import random
-import socket
 import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from engines import (Engines, Prompt, has_amx, make_mla_model,  # benchmarks/engines.py
+from engines import (Engines, Prompt, free_port, has_amx, make_mla_model,  # benchmarks/engines.py
                      make_model, make_v4_model, read_stats)
 
 # per model: prompt ids, engine arguments, the defaults (amx_pairs: the pairs on an AMX host),
@@ -67,21 +66,6 @@ MODELS = {
 
 CLASS = {"kvcache_ext": "KvcacheExtConnector", "kvcache_ext_packed": "KvcacheExtConnector",
          "nixl": "NixlConnector"}
-
-
-def free_port() -> int:
-    """A free port below Linux's ephemeral range (32768 on): one the OS hands out for port 0 --
-    as the other engine, starting beside this one, does for its own sockets -- can be taken
-    between this check and the engine's bind (a NixlConnector engine then never starts)."""
-    rng = random.Random()
-    while True:
-        port = rng.randrange(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 def meta() -> dict:

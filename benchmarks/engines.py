@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import random
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -22,6 +24,28 @@ from pathlib import Path
 
 CONNECTOR = "KvcacheExtConnector"
 V4_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v4_site")
+
+
+_HANDED_OUT: set[int] = set()  # harness-only: two calls in one driver never get the same port
+
+
+def free_port() -> int:
+    """A free port below Linux's ephemeral range (32768 on) that this driver has not handed out
+    before. A port the OS hands out for port 0 -- as an engine starting beside this one does for
+    its own sockets -- can be taken between this check and the server's bind (the server then
+    dies with "Address already in use"); every launcher of these harnesses takes its ports here."""
+    rng = random.Random()
+    while True:
+        port = rng.randrange(20000, 32000)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
 
 
 def make_model(folder: str, layers: int = 2, kv_heads: int = 2, head_dim: int = 32,

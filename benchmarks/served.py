@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,16 +24,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engines import free_port  # noqa: F401 - benchmarks/engines.py; served_pd and the tests take it here
+
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
 VOCAB = 128
 MAX_LEN = 4096
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_served_model(folder: str, seed: int = 0) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import sys
 import tempfile
 import threading
@@ -26,18 +25,12 @@ from pathlib import Path
 from dataclasses import asdict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from engines import Engines, Prompt, external_hits, make_model, read_stats  # noqa: E402  (the harness, outside the package)
+from engines import Engines, Prompt, external_hits, free_port, make_model, read_stats  # noqa: E402  (the harness, outside the package)
 
 LENGTHS = (1, 31, 33, 230)
 A_BLOCKS = 64  # the producer a's whole cache: the delayed-read case cycles every free block
 TOKEN_BYTES = 2 * 2 * 2 * 32 * 4  # layers x KV heads x (K, V) x head_dim x fp32
 PAIRS = (("a", "b"), ("b", "a"), ("a", "c"), ("c", "b"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ids(n: int, seed: int) -> list[int]:
