@@ -12,7 +12,7 @@ import torch
 
 import kvcache_ext as kvc
 from kvcache_ext.ops.library import ops
-from kvcache_ext.transfer.pack import pack_layout, packed_read, split_runs
+from kvcache_ext.transfer.pack import PackPlans, pack_layout, packed_read, split_runs
 
 SPECS = [kvc.CacheSpec("kv", 32, 3, 1, split=(16, 16), channel_major=4),  # vLLM-CPU's K | V page
          kvc.CacheSpec("x", 12, 3, 3)]
@@ -93,3 +93,27 @@ def test_split_runs_cuts_runs_and_pieces_at_the_bounds():
         split_runs(runs, 2, [0, 40])
     with pytest.raises(ValueError, match="start"):
         packed_read(kvc.plan_cache(SPECS, 4, 4), -1, 3)
+
+
+def test_pack_plans_are_made_once_per_block_count_and_are_packed_read():
+    cons = kvc.plan_cache(SPECS, 40, 8, "LBHNC")
+    prod = kvc.plan_cache(SPECS, 40, 4, "BLHNC")
+    mine = PackPlans(cons, own_is_src=False, keep=2)
+    pr, xp = mine.get(cons, 8, 29, 333)  # blocks 1..4 of the consumer: 4 packed blocks
+    assert pr == packed_read(cons, 8, 29, 333)
+    assert xp.src_plan == pr.plan and xp.dst_plan == cons
+    pr2, xp2 = mine.get(cons, 0, 32, 333)  # 4 blocks again: the same plans
+    assert xp2 is xp and pr2 == packed_read(cons, 0, 32, 333)
+    assert mine.get(cons, 0, 32, 64)[1] is not xp  # another part size: other bounds
+    assert mine.get(cons, 0, 37, 333)[1] is not xp  # 5 blocks
+    assert mine.get(cons, 8, 29, 333)[1] is not xp  # kept only the last 2: made again
+    with pytest.raises(ValueError, match="dst_plan must be `own`"):
+        mine.get(prod, 0, 8)
+    theirs = PackPlans(prod, own_is_src=True)
+    pr3, xp3 = theirs.get(cons, 8, 29, 333)
+    assert pr3 == pr and xp3.src_plan == prod and xp3.dst_plan == pr.plan
+    assert theirs.get(cons, 0, 32, 333)[1] is xp3
+    with pytest.raises(ValueError, match="count must be an int >= 1"):
+        theirs.get(cons, 0, 0)
+    with pytest.raises(TypeError, match="own must be a CachePlan"):
+        PackPlans("plan", own_is_src=True)

@@ -59,6 +59,7 @@ class TransferStats:
     pack_s: float = 0.0       # a packed read (kvcache_ext.vllm): the producer's re-tiling into
     #                           the consumer's page form, as it reports it (its own core)
     pack_wait_s: float = 0.0  # a packed read: the consumer waiting for parts to be packed
+    #                           (the wait for part 0 is not counted in build_s)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)

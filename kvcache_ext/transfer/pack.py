@@ -18,12 +18,15 @@ only part p's packing: a producer can pack part p + 1 while the consumer reads p
 """
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..plan import CachePlan, plan_cache
+from .plan import TransferPlan
 
 # the parts a packed read is pipelined in: each is one NIXL read of the consumer (about 0.3 ms
 # of fixed cost on a 2-core host) and the first is packed before any is read
@@ -76,6 +79,45 @@ def packed_read(dst_plan: CachePlan, start: int, count: int,
     total = plan.total_bytes
     bounds = tuple(range(0, total, part_bytes)) + (total,)
     return PackedRead(plan, start, count, bounds)
+
+
+class PackPlans:
+    """The packed reads of one engine's cache plan `own`, made once per consumer plan, block count
+    and part size and kept (the last `keep`): packed_read and the TransferPlan between the packed
+    plan and `own` -- into it for a consumer (own_is_src False), out of it for a producer. A
+    request of a length seen before then plans only its runs, in tables the TransferPlan lends
+    from memory the last such request touched (transfer/scratch.py)."""
+
+    def __init__(self, own: CachePlan, own_is_src: bool, keep: int = 16) -> None:
+        if not isinstance(own, CachePlan):
+            raise TypeError(f"own must be a CachePlan, got {type(own).__name__}")
+        self.own, self.own_is_src, self.keep = own, own_is_src, keep
+        self._made: OrderedDict[tuple, tuple[CachePlan, tuple[int, ...], TransferPlan]] = (
+            OrderedDict())
+        self._lock = threading.Lock()
+
+    def get(self, dst_plan: CachePlan, start: int, count: int,
+            part_bytes: int = PACK_PART_BYTES) -> tuple[PackedRead, TransferPlan]:
+        """(packed_read(dst_plan, start, count, part_bytes), its TransferPlan with own)."""
+        if not self.own_is_src and dst_plan != self.own:
+            raise ValueError("a consumer's packed reads are into its own plan: dst_plan must "
+                             "be `own`")
+        pr = packed_read(dst_plan, start, count, part_bytes)  # checks the arguments
+        key = (dst_plan.specs, dst_plan.block_size, dst_plan.layout, pr.plan.num_blocks,
+               part_bytes)
+        with self._lock:
+            made = self._made.get(key)
+            if made is not None:
+                self._made.move_to_end(key)
+        if made is None:
+            xplan = (TransferPlan(self.own, pr.plan) if self.own_is_src
+                     else TransferPlan(pr.plan, self.own))
+            made = (pr.plan, pr.bounds, xplan)
+            with self._lock:
+                made = self._made.setdefault(key, made)
+                while len(self._made) > self.keep:
+                    self._made.popitem(last=False)
+        return PackedRead(made[0], start, count, made[1]), made[2]
 
 
 def pieces_of(f: np.ndarray) -> np.ndarray:

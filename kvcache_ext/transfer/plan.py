@@ -32,6 +32,7 @@ import torch
 
 from ..plan import CachePlan
 from ..ops.library import ops as _ops
+from .scratch import TablePool
 from .spans import merge_spans, runs_of_spans
 
 Range = tuple[int, int, int]  # (src_first, dst_first, count)
@@ -154,6 +155,8 @@ class TransferPlan:
         # what depends only on the two plans, for the compiled planner: one row per moved spec
         self.move_table = torch.tensor([_move_row(m) for m in moves], dtype=torch.int64).reshape(
             -1, _MOVE_FIELDS)
+        # the runs tables of token_runs: memory one request returns, the next one reuses
+        self.tables = TablePool()
 
     @property
     def specs(self) -> tuple[str, ...]:
@@ -231,13 +234,34 @@ class TransferPlan:
         dst_table = _table_form(dst_block_table, "dst_block_table", dst_start, num_tokens, nd)
         args = (self.move_table, src_table, dst_table, ns, nd, sp.num_blocks, dp.num_blocks,
                 num_tokens, src_start, dst_start)
-        # counted first, then written into exactly that many rows: a request's tables are new
-        # memory (first-touch page faults cost more than the pass that counts them)
+        # counted first, then written into exactly that many rows, lent by self.tables: memory
+        # an earlier request of this pair touched (first-touch page faults of a fresh table
+        # cost more than the pass that counts it); the table goes back when its last user drops it
         count = torch.zeros(1, dtype=torch.int64)
         _ops.plan_token_runs(*args, torch.empty(0, 6, dtype=torch.int64), count)
-        runs = torch.empty(int(count), 6, dtype=torch.int64)
+        runs = self.tables.int64(int(count), 6)
         _ops.plan_token_runs(*args, runs, count)
         return runs
+
+    def reserve_runs(self, num_tokens: int) -> None:
+        """Fault in now the table token_runs of up to num_tokens tokens needs (a request's
+        start inside a block adds at most one chunk a side: counted with room for it), so the
+        first request plans as fast as the next ones: what an engine calls once per producer."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        if num_tokens == 0:
+            return
+        sp, dp = self.src_plan, self.dst_plan
+        ns, nd = sp.block_size, dp.block_size
+        # a request starts at the same token on both sides, so its chunks cut where those of
+        # this many tokens from token 0 do
+        n = num_tokens + max(ns, nd)
+        zeros_s = torch.zeros(-(-n // ns), dtype=torch.int64)
+        zeros_d = torch.zeros(-(-n // nd), dtype=torch.int64)
+        count = torch.zeros(1, dtype=torch.int64)
+        _ops.plan_token_runs(self.move_table, zeros_s, zeros_d, ns, nd, sp.num_blocks,
+                             dp.num_blocks, n, 0, 0, torch.empty(0, 6, dtype=torch.int64), count)
+        self.tables.reserve(int(count) * 6 * 8)
 
     # ---- the span math -----------------------------------------------------------------------
     def _spans(self, sb: torch.Tensor, db: torch.Tensor, sn: torch.Tensor, dn: torch.Tensor,

@@ -16,8 +16,7 @@ import torch
 from .. import nixl as kvc_nixl
 from ..ops.library import ops as _ops
 from ..plan import CachePlan, plan_from_dict, plan_to_dict
-from ..transfer import TransferPlan
-from ..transfer.pack import PACK_PART_BYTES, packed_read, split_runs
+from ..transfer.pack import PACK_PART_BYTES, PackPlans, split_runs
 
 
 @dataclass
@@ -50,6 +49,7 @@ class PackBuffer:
         self.buffer = buffer
         self._slots: dict[str, _Slot] = {}
         self._lock = threading.Lock()
+        self._plans: PackPlans | None = None  # the packed plans out of the cache's plan
 
     def lend(self, rid: str, nbytes: int) -> int | None:
         """The offset of a free range of nbytes lent to rid (None: no room, or rid holds a
@@ -107,8 +107,10 @@ class PackBuffer:
         try:
             dst = plan_from_dict(ask["plan"])
             start, count = int(ask["start"]), int(ask["count"])
-            pr = packed_read(dst, start, count, int(ask["part_bytes"]))
-            xplan = TransferPlan(plan, pr.plan)
+            plans = self._plans
+            if plans is None or plans.own != plan:
+                plans = self._plans = PackPlans(plan, own_is_src=True)
+            pr, xplan = plans.get(dst, start, count, int(ask["part_bytes"]))
             table = torch.tensor(ask["block_ids"], dtype=torch.int64)
             used = table[start // plan.block_size:-(-(start + count) // plan.block_size)]
             if used.numel() * plan.block_size < start % plan.block_size + count or (
@@ -148,40 +150,43 @@ class PackBuffer:
 
 
 def pack_ask(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, block_ids, start: int, count: int,
-             part_bytes: int = PACK_PART_BYTES) -> dict | None:
+             part_bytes: int = PACK_PART_BYTES, plans: PackPlans | None = None) -> dict | None:
     """What a consumer asks its producer to pack, where a packed read applies: another block
-    size, one cache plan on each side, and the packed prompt fits the producer's pack buffer."""
+    size, one cache plan on each side, and the packed prompt fits the producer's pack buffer.
+    plans: the consumer's PackPlans into ep.plan (kept by the caller: made once per length)."""
     if (not peer.exposed_nbytes or count == 0 or not isinstance(peer.plan, CachePlan)
             or not isinstance(ep.plan, CachePlan) or peer.plan.block_size == ep.plan.block_size):
         return None
-    if packed_read(ep.plan, start, count).nbytes > peer.exposed_nbytes:
+    plans = plans or PackPlans(ep.plan, own_is_src=False)
+    if plans.get(ep.plan, start, count, part_bytes)[0].nbytes > peer.exposed_nbytes:
         return None
     return {"plan": plan_to_dict(ep.plan), "start": start, "count": count,
             "block_ids": list(block_ids), "part_bytes": part_bytes}
 
 
 def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Tensor, start: int,
-                count: int, packed: dict, replies, left) -> tuple[kvc_nixl.TransferStats,
-                                                                  torch.Tensor]:
+                count: int, packed: dict, replies, left, plans: PackPlans | None = None
+                ) -> tuple[kvc_nixl.TransferStats, torch.Tensor]:
     """Read each part of the prompt into place as the producer reports it packed (packed: its
     first reply's offset, bytes and part size; replies: the side channel's stream after that
     reply, each wait bounded by the read's deadline; left(): seconds left to it).
     -> (what it did, the runs it read: their destinations are the rows written). Raises, with
-    every posted part cancelled, if the producer fails, stops or is late; closes `replies`."""
+    every posted part cancelled, if the producer fails, stops or is late; closes `replies`.
+    plans: as pack_ask's."""
     handle = None
     try:
         t, c = time.perf_counter(), time.thread_time()
-        pr = packed_read(ep.plan, start, count, int(packed["part_bytes"]))
+        plans = plans or PackPlans(ep.plan, own_is_src=False)
+        pr, xplan = plans.get(ep.plan, start, count, int(packed["part_bytes"]))
         if int(packed.get("bytes", -1)) != pr.nbytes:
             raise RuntimeError(f"the producer packed {packed.get('bytes')} B, this read needs "
                                f"{pr.nbytes} B")
-        runs = TransferPlan(pr.plan, ep.plan).token_runs(pr.table(), dst_table, count, start,
-                                                         start)
+        runs = xplan.token_runs(pr.table(), dst_table, count, start, start)
         at = int(packed["offset"])
         src = runs.clone()
         src[:, 0] += at
         plan_s, plan_cpu_s = time.perf_counter() - t, time.thread_time() - c
-        seen, waited, pack_s = [-1], [0.0], [0.0]
+        seen, waited, pack_s, first_wait = [-1], [0.0], [0.0], [0.0]
 
         def ready(p: int) -> None:  # part p is packed: the producer said so (parts in order)
             tw = time.perf_counter()
@@ -192,6 +197,8 @@ def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Ten
                                        f"{msg.get('why', msg)}")
                 seen[0], pack_s[0] = int(msg["part"]), float(msg.get("pack_s", 0.0))
             waited[0] += time.perf_counter() - tw
+            if p == 0:  # waited inside the first part's build: pack_wait_s, not build_s
+                first_wait[0] = waited[0]
         handle = ep.read_exposed(peer, src, [b + at for b in pr.bounds], ready)
         handle.wait(left())
         if seen[0] < pr.parts - 1:  # parts of no bytes at the end: their notices, for pack_s
@@ -207,4 +214,5 @@ def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Ten
     stats = handle.stats
     stats.path, stats.plan_s, stats.plan_cpu_s = "packed", plan_s, plan_cpu_s
     stats.pack_wait_s, stats.pack_s = waited[0], pack_s[0]
+    stats.build_s = max(0.0, stats.build_s - first_wait[0])
     return stats, runs

@@ -27,6 +27,7 @@ import torch
 
 from .. import nixl as kvc_nixl
 from ..transfer import TransferPlan, spans_of_runs
+from ..transfer.pack import PackPlans
 from .cache_plan import cache_of
 from .config import ConnectorConfig
 from .group_plan import group_cache_of, group_plan_of
@@ -60,6 +61,8 @@ class WorkerSide:
         self.layer_names = [n for g in groups for n in g.layer_names]
         self.kv_cache_spec = getattr(groups[0], "kv_cache_spec", None)
         self.dp_index = int(getattr(vllm_config.parallel_config, "data_parallel_index", 0) or 0)
+        model = getattr(vllm_config, "model_config", None)
+        self.max_tokens = int(getattr(model, "max_model_len", 0) or 0)  # reserve_runs: a longest prompt
         self.instance = uuid.uuid4().hex[:12]
         self._cond = threading.Condition()
         self._holds: dict[str, _Hold] = {}
@@ -68,6 +71,7 @@ class WorkerSide:
         self._recv_failed: set[str] = set()
         self._bad_blocks: set[int] = set()
         self.pack: PackBuffer | None = None  # producer: where it packs for unlike consumers
+        self.pack_plans: PackPlans | None = None  # consumer: its packed reads, once per length
         self._peers: dict[tuple[str, int], tuple[str, str, kvc_nixl.Peer]] = {}
         self._peer_lock = threading.Lock()
         self.ep: kvc_nixl.Endpoint | None = None
@@ -86,6 +90,8 @@ class WorkerSide:
                                     exposed_bytes=pack)
         if pack:
             self.pack = PackBuffer(self.ep.exposed)
+        if self.vplan is None:
+            self.pack_plans = PackPlans(cache.plan, own_is_src=False)
         self.server = Server(self.cfg.host(), self.cfg.port(self.dp_index), self._serve)
         log.info("KvcacheExtConnector: %s, side channel %s:%d", cache.plan.layout, self.server.host,
                  self.server.port)
@@ -209,8 +215,9 @@ class WorkerSide:
                     known = (*fetched, self.ep.add_peer(blob))
                     self._peers[key] = known
                     added = known[2]
-            if added is not None and self.vplan is None:  # what depends only on the two
-                self.ep.transfer_plan(added)  # plans, made once: here, not in a read's plan_s
+            if added is not None and self.vplan is None:  # made once, not in a read's plan_s:
+                # the plan pair, and a runs table of the longest prompt faulted in
+                self.ep.transfer_plan(added).reserve_runs(self.max_tokens)
         engine_id, instance, peer = known
         if engine_id != r.engine_id:
             raise LoadError(f"the producer at {r.host}:{r.port} is engine {engine_id!r}, the "
@@ -306,7 +313,7 @@ class WorkerSide:
                    "instance": r.instance, "timeout_s": left(),
                    "debug_delay_s": dbg.get("acquire_delay_s", 0.0)}
             pack = None if self.vplan is not None else pack_ask(
-                self.ep, peer, r.block_ids[0], rs.start, rs.count)
+                self.ep, peer, r.block_ids[0], rs.start, rs.count, plans=self.pack_plans)
             if pack is None:
                 reply, _ = call(r.host, r.port, ask, left())
             else:  # the producer packs, streaming "part p is packed" after its reply
@@ -323,7 +330,7 @@ class WorkerSide:
                 try:
                     stats, runs = read_packed(
                         self.ep, peer, torch.tensor(rs.local_block_ids[0], dtype=torch.int64),
-                        rs.start, rs.count, reply["packed"], replies, left)
+                        rs.start, rs.count, reply["packed"], replies, left, self.pack_plans)
                 except RuntimeError as e:
                     raise LoadError(str(e)) from None
                 handle, moved = Done(stats), lambda spec=None: spans_of_runs(runs)

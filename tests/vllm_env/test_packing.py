@@ -5,11 +5,14 @@ vLLM-CPU's K | V page, 32 -> 48 and 48 -> 32, from token 0 and from a prefix hit
 packed says why; a producer that stops mid-stream fails the read."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
 import kvcache_ext as kvc
 from kvcache_ext import nixl as kn
+from kvcache_ext.transfer.pack import PackPlans
 from kvcache_ext.vllm.packing import PackBuffer, pack_ask, read_packed
 
 SPEC = kvc.CacheSpec("kv", 256, 2, 2, split=(128, 128), channel_major=4)
@@ -63,6 +66,31 @@ def test_a_pack_stream_read_by_the_consumer_lands_the_direct_moves_bytes(blocks,
         assert pb.lent()["req"][1] == first["packed"]["bytes"]  # lent until released
         pb.free("req")
         assert pb.lent() == {}
+    finally:
+        cons.close()
+        prod.close()
+
+
+def test_a_packed_reads_wait_for_its_first_part_is_pack_wait_not_build_time():
+    """The consumer builds part 0's read only once the producer says it is packed: that wait
+    is pack_wait_s, and build_s is the build alone (it used to hold the wait too)."""
+    prod, cons, peer = _pair(32, 48, exposed=1 << 20)
+    try:
+        pb, plans = PackBuffer(prod.exposed), PackPlans(cons.plan, own_is_src=False)
+        table = torch.arange(22)
+        ask = pack_ask(cons, peer, table.tolist(), 0, 700, 64 << 10, plans)
+        stream = pb.pack(prod.cache.buffer, prod.plan, "req", ask, lambda: True)
+        first, _ = next(stream)
+
+        def late(replies):  # part 0's notice comes 0.3 s late
+            for i, reply in enumerate(replies):
+                if i == 0:
+                    time.sleep(0.3)
+                yield reply
+
+        stats, _ = read_packed(cons, peer, torch.arange(15), 0, 700, first["packed"],
+                               late(stream), lambda: 20.0, plans)
+        assert stats.pack_wait_s >= 0.3 and stats.build_s < 0.3 and stats.parts > 1
     finally:
         cons.close()
         prod.close()

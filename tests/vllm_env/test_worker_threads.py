@@ -21,6 +21,7 @@ class FakeEndpoint:
         self.added: list[bytes] = []
         self.removed: list[object] = []
         self.planned: list[object] = []
+        self.reserved: list[int] = []  # reserve_runs(tokens) of the plan pairs made
 
     def add_peer(self, blob: bytes):
         self.added.append(blob)
@@ -31,11 +32,13 @@ class FakeEndpoint:
 
     def transfer_plan(self, peer):
         self.planned.append(peer)
+        return NS(reserve_runs=self.reserved.append)
 
 
 def consumer(monkeypatch, answer) -> W.WorkerSide:
     """A WorkerSide whose side-channel calls go to answer(host, port, message)."""
-    cfg = NS(kv_transfer_config=NS(engine_id="consumer"), parallel_config=NS())
+    cfg = NS(kv_transfer_config=NS(engine_id="consumer"), parallel_config=NS(),
+             model_config=NS(max_model_len=4096))
     kv = NS(kv_cache_groups=[NS(layer_names=LAYERS)])
     ws = W.WorkerSide(cfg, kv, ConnectorConfig())
     ws.ep = FakeEndpoint()
@@ -76,6 +79,7 @@ def test_a_restarted_producer_replaces_its_peer_once(monkeypatch):
     assert ws._peer(remote("h", "two"), 1.0) is second and len(ws.ep.added) == 2
     # the plan pair is made at each handshake (once per producer instance), not per read
     assert ws.ep.planned == [first, second]
+    assert ws.ep.reserved == [4096, 4096]  # a longest prompt's runs table, once per producer
 
 
 def test_a_silent_producer_holds_up_no_other_read(monkeypatch):

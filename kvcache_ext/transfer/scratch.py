@@ -1,0 +1,80 @@
+"""Host memory for a request's plan tables (the int64 runs of TransferPlan.token_runs), kept for
+the next request of the same plan pair.
+
+A request's runs table is new memory: between two block sizes of a channel-major page it is
+most of a MiB (16,384 runs for 8,192 tokens), above glibc's mmap threshold, so each request
+maps fresh pages and takes one page fault per 4 KiB on its first touch -- 2.5 ms of a 2-core
+VM's planning for a pass that takes 0.3 ms on memory touched before. A pool lends a slab it
+already faulted in instead, and takes it back when the last tensor on it is gone: the tensor
+is made by torch.frombuffer over a numpy view of the slab, which the tensor's storage holds
+until it is freed, so the view's finalizer runs exactly then (whatever views of the table,
+numpy arrays over it or other threads still hold it, the slab is not lent twice)."""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+import torch
+
+_POOLED_MIN = 64 << 10   # smaller tables come from the heap, touched before
+_SLAB_ALIGN = 64 << 10
+
+
+class TablePool:
+    """Slabs of host memory lent as int64 tables: at most `keep` slabs, `keep_bytes` in all,
+    are kept for reuse once returned (the rest are freed)."""
+
+    def __init__(self, keep: int = 4, keep_bytes: int = 32 << 20) -> None:
+        self.keep, self.keep_bytes = keep, keep_bytes
+        self._lock = threading.Lock()
+        self._free: list[np.ndarray] = []
+        self.lent = 0     # slabs lent now
+        self.made = 0     # slabs made (each fresh one faults its pages in once)
+
+    def int64(self, rows: int, cols: int) -> torch.Tensor:
+        """An uninitialised int64 [rows, cols] table."""
+        nbytes = rows * cols * 8
+        if nbytes < _POOLED_MIN:
+            return torch.empty(rows, cols, dtype=torch.int64)
+        slab = self._take(nbytes)
+        lease = slab[:nbytes]
+        fin = weakref.finalize(lease, self._give, slab)
+        fin.atexit = False
+        return torch.frombuffer(lease, dtype=torch.int64).view(rows, cols)
+
+    def reserve(self, nbytes: int) -> None:
+        """A slab of at least nbytes faulted in now and kept (a consumer's first request then
+        plans on warm memory too)."""
+        if nbytes < _POOLED_MIN:
+            return
+        slab = self._take(nbytes)
+        slab.fill(0)
+        self._give(slab)
+
+    def _take(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            # the smallest kept slab that holds the table and is not far larger
+            fits = [s for s in self._free if nbytes <= s.nbytes <= max(8 * nbytes, nbytes + (8 << 20))]
+            if fits:
+                slab = min(fits, key=lambda s: s.nbytes)
+                self._free = [s for s in self._free if s is not slab]
+            else:
+                slab = None
+                self.made += 1
+            self.lent += 1
+        if slab is None:
+            slab = np.empty(-(-nbytes // _SLAB_ALIGN) * _SLAB_ALIGN, dtype=np.uint8)
+        return slab
+
+    def _give(self, slab: np.ndarray) -> None:
+        with self._lock:
+            self.lent -= 1
+            kept = sum(s.nbytes for s in self._free)
+            if len(self._free) < self.keep and kept + slab.nbytes <= self.keep_bytes:
+                self._free.append(slab)
+            elif self._free and slab.nbytes > min(s.nbytes for s in self._free):
+                # keep the larger: it serves every smaller table too
+                small = min(self._free, key=lambda s: s.nbytes)
+                if kept - small.nbytes + slab.nbytes <= self.keep_bytes:
+                    self._free = [s for s in self._free if s is not small] + [slab]

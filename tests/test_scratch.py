@@ -1,0 +1,113 @@
+"""Runs tables lent from memory an earlier request touched (kvcache_ext/transfer/scratch.py): a
+slab is lent again only once nothing holds its table (views, numpy arrays, other threads), the
+tables hold the same runs as fresh ones, and reserve_runs makes a request's first table warm."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import kvcache_ext as kvc
+from kvcache_ext.transfer.scratch import TablePool
+
+SPEC = kvc.CacheSpec("kv", 2 * 256, 8, 4, split=(256, 256), channel_major=4)  # vLLM-CPU's page
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _apart(a: torch.Tensor, b: torch.Tensor) -> bool:
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a1 <= b0 or b1 <= a0
+
+
+def test_a_slab_is_lent_again_only_when_nothing_holds_its_table():
+    pool = TablePool()
+    t = pool.int64(4096, 6)  # 192 KiB: pooled
+    first = _span(t)[0]
+    col, arr, tail = t[:, 1], t.numpy(), t[100:]
+    del t
+    seen = set()
+    for held in (col, torch.from_numpy(arr), tail):  # any one of them keeps the slab lent
+        u = pool.int64(4096, 6)
+        assert _apart(u, held)
+        seen.add(_span(u)[0])
+        del u
+    assert pool.lent == 1 and pool.made == 2 and len(seen) == 1  # the second slab, reused
+    del col, arr, held
+    assert pool.lent == 1  # tail still holds it
+    del tail
+    assert pool.lent == 0
+    a, b = pool.int64(4096, 6), pool.int64(4096, 6)
+    assert {_span(a)[0], _span(b)[0]} == {first, *seen} and pool.made == 2  # no slab made
+
+
+def test_small_tables_are_not_pooled_and_the_pool_keeps_a_bounded_amount():
+    pool = TablePool(keep=2, keep_bytes=1 << 20)
+    small = pool.int64(10, 6)
+    assert small.shape == (10, 6) and pool.lent == 0 and pool.made == 0
+    held = [pool.int64(4096, 6) for _ in range(5)]  # 5 x 192 KiB at once
+    assert pool.made == 5
+    for i, a in enumerate(held):
+        for b in held[i + 1:]:
+            assert _apart(a, b)
+    del held, a, b
+    assert pool.lent == 0
+    assert len(pool._free) <= 2 and sum(s.nbytes for s in pool._free) <= 1 << 20
+    big = pool.int64(1 << 16, 6)  # 3 MiB: kept slabs too small, a new one
+    assert pool.made == 6 and big.shape == (1 << 16, 6)
+
+
+def _pair(sb: int, db: int) -> kvc.TransferPlan:
+    return kvc.TransferPlan(kvc.plan_cache([SPEC], 8192 // sb * 2, sb, "LBHNC"),
+                            kvc.plan_cache([SPEC], 8192 // db * 2, db, "LBHNC"))
+
+
+@pytest.mark.parametrize("sb,db", [(32, 64), (64, 32), (32, 32)])
+def test_runs_in_lent_tables_equal_the_spans_and_the_first_request_is_warm(sb, db):
+    xp = _pair(sb, db)
+    xp.reserve_runs(8192)
+    assert xp.tables.made == 1  # faulted in here (like pages: 2,048 runs, 96 KiB, pooled too)
+    g = torch.Generator().manual_seed(sb * 100 + db)
+    for start, count in ((0, 8192), (64, 8000), (0, 8192)):
+        st = torch.randperm(xp.src_plan.num_blocks, generator=g)[:-(-(start + count) // sb)]
+        dt = torch.randperm(xp.dst_plan.num_blocks, generator=g)[:-(-(start + count) // db)]
+        runs = xp.token_runs(st, dt, count, start, start)
+        want = xp.token_spans(st, dt, count, start, start)
+        assert torch.equal(kvc.merge_spans(*kvc.spans_of_runs(runs).unbind(1)), want)
+        del runs
+    assert xp.tables.made == 1 and xp.tables.lent == 0  # every request planned in that table
+
+
+def test_tables_planned_in_threads_at_once_never_share_memory():
+    xp = _pair(32, 64)
+    g = torch.Generator().manual_seed(3)
+    jobs = [(torch.randperm(512, generator=g)[:128], torch.randperm(256, generator=g)[:64])
+            for _ in range(4)]
+    want = [xp.token_runs(s, d, 4096).clone() for s, d in jobs]
+    bad: list[str] = []
+
+    def plan(i: int) -> None:
+        for _ in range(25):
+            runs = xp.token_runs(*jobs[i], 4096)
+            runs_again = runs.clone()  # another thread's table over this one would show here
+            if not torch.equal(runs, want[i]) or not torch.equal(runs_again, want[i]):
+                bad.append(f"thread {i}")
+
+    threads = [threading.Thread(target=plan, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert bad == [] and xp.tables.lent == 0
+
+
+def test_reserve_runs_takes_a_token_count():
+    xp = _pair(32, 64)
+    for bad in (-1, 1.5, True, "8"):
+        with pytest.raises(ValueError, match="num_tokens must be an int >= 0"):
+            xp.reserve_runs(bad)
+    xp.reserve_runs(0)
+    assert xp.tables.made == 0
