@@ -96,6 +96,47 @@ def test_a_packed_reads_wait_for_its_first_part_is_pack_wait_not_build_time():
         prod.close()
 
 
+def test_a_consumer_closed_mid_packed_read_fails_the_read_and_lands_nothing_outside_it():
+    """The consumer's Endpoint closed while its read waits for part 1 to be packed: the read
+    fails naming the close (no hang), no byte lands outside the prompt's rows, and the parts
+    after the close never land."""
+    import threading
+    prod, cons, peer = _pair(32, 48, exposed=1 << 20)
+    try:
+        pb = PackBuffer(prod.exposed)
+        src_table, dst_table = torch.arange(22), torch.arange(15)
+        ask = pack_ask(cons, peer, src_table.tolist(), 0, 700, 64 << 10)
+        stream = pb.pack(prod.cache.buffer, prod.plan, "req", ask, lambda: True)
+        first, _ = next(stream)
+
+        def late(replies):  # part 1's notice comes 0.6 s late; the consumer closes at 0.2 s
+            for i, reply in enumerate(replies):
+                if i == 1:
+                    time.sleep(0.6)
+                yield reply
+
+        closer = threading.Timer(0.2, cons.close)
+        t0 = time.monotonic()
+        closer.start()
+        with pytest.raises(RuntimeError, match="closed"):
+            read_packed(cons, peer, dst_table, 0, 700, first["packed"], late(stream),
+                        lambda: 20.0)
+        closer.join()
+        assert time.monotonic() - t0 < 5.0
+        spans = kvc.TransferPlan(prod.plan, cons.plan).token_spans(src_table, dst_table, 700)
+        inside = torch.zeros(cons.cache.buffer.numel(), dtype=torch.bool)
+        want = kvc.allocate(cons.plan, fill=0xFF)
+        kvc.copy_spans(prod.cache, want, spans)
+        for _, d, n in spans.tolist():
+            inside[d:d + n] = True
+        got = cons.cache.buffer
+        assert bool((got[~inside] == 0xFF).all())  # nothing outside the prompt's rows
+        assert not torch.equal(got[inside], want.buffer[inside])  # the later parts never came
+    finally:
+        cons.close()
+        prod.close()
+
+
 def test_what_cannot_be_packed_says_why_and_a_stopped_producer_fails_the_read():
     prod, cons, peer = _pair(32, 48, exposed=400 << 10)
     try:
