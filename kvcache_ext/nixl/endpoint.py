@@ -188,9 +188,7 @@ class Endpoint(PeerTable, TransferResources, ExposedReads):
         and stats.plan_cpu_s (this thread's CPU), then read(peer, runs, path) -- staged and
         re-tiled in one pass where that is cheaper."""
         self._check_open()
-        if not isinstance(peer, Peer) or self._peers.get(peer.name) is not peer:
-            raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "
-                             f"removed since), got {peer!r:.80}")
+        self._check_peer(peer)
         t, c = time.perf_counter(), time.thread_time()
         runs = self.transfer_plan(peer).token_runs(src_block_table, dst_block_table, num_tokens,
                                                    src_start, dst_start)
@@ -204,12 +202,15 @@ class Endpoint(PeerTable, TransferResources, ExposedReads):
         path: "auto", "plain", "prepared" or "strided" (staging is for reads)."""
         return self._transfer("WRITE", peer, spans, path)
 
-    def _transfer(self, op: str, peer: Peer, spans: torch.Tensor, path: str) -> TransferHandle:
-        t0 = time.perf_counter()
-        self._check_open()
+    def _check_peer(self, peer: Peer) -> None:
         if not isinstance(peer, Peer) or self._peers.get(peer.name) is not peer:
             raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "
                              f"removed since), got {peer!r:.80}")
+
+    def _transfer(self, op: str, peer: Peer, spans: torch.Tensor, path: str) -> TransferHandle:
+        t0 = time.perf_counter()
+        self._check_open()
+        self._check_peer(peer)
         paths.check_path(path, op, self.strided)
         ours = self.cache.buffer.numel()
         src_bytes, dst_bytes = (peer.nbytes, ours) if op == "READ" else (ours, peer.nbytes)

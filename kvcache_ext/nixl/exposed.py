@@ -31,9 +31,7 @@ class ExposedReads:
         if not isinstance(peer, Peer) or not peer.exposed_nbytes:
             raise ValueError(f"peer must be a Peer that exposes a buffer (Endpoint(exposed_bytes="
                              f"n > 0)), got {peer!r:.120}")
-        if self._peers.get(peer.name) is not peer:
-            raise ValueError(f"peer must be a Peer returned by this Endpoint's add_peer (and not "
-                             f"removed since), got {peer!r:.80}")
+        self._check_peer(peer)
         t0 = time.perf_counter()
         via = dataclasses.replace(peer, address=peer.exposed_address, nbytes=peer.exposed_nbytes)
         if isinstance(runs, torch.Tensor) and runs.dim() == 2 and runs.shape[1] == 3:
