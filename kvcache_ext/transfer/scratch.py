@@ -6,15 +6,15 @@ most of a MiB (16,384 runs for 8,192 tokens), above glibc's mmap threshold, so e
 maps fresh pages and takes one page fault per 4 KiB on its first touch -- 2.5 ms of a 2-core
 VM's planning for a pass that takes 0.3 ms on memory touched before. A pool lends a slab it
 already faulted in instead, and takes it back when the last tensor on it is gone: the tensor
-is made by torch.frombuffer over a numpy view of the slab, which the tensor's storage holds
-until it is freed, so the view's finalizer runs exactly then (whatever views of the table,
-numpy arrays over it or other threads still hold it, the slab is not lent twice)."""
+is made by torch.frombuffer over a memoryview of the slab (a bytearray), which the tensor's
+storage holds until it is freed, so the memoryview's finalizer runs exactly then (whatever
+views of the table, numpy arrays over it or other threads still hold it, the slab is not lent
+twice). Torch and the standard library only: `import kvcache_ext` needs nothing else."""
 from __future__ import annotations
 
 import threading
 import weakref
 
-import numpy as np
 import torch
 
 _POOLED_MIN = 64 << 10   # smaller tables come from the heap, touched before
@@ -28,7 +28,7 @@ class TablePool:
     def __init__(self, keep: int = 4, keep_bytes: int = 32 << 20) -> None:
         self.keep, self.keep_bytes = keep, keep_bytes
         self._lock = threading.Lock()
-        self._free: list[np.ndarray] = []
+        self._free: list[bytearray] = []
         self.lent = 0     # slabs lent now
         self.made = 0     # slabs made (each fresh one faults its pages in once)
 
@@ -38,7 +38,7 @@ class TablePool:
         if nbytes < _POOLED_MIN:
             return torch.empty(rows, cols, dtype=torch.int64)
         slab = self._take(nbytes)
-        lease = slab[:nbytes]
+        lease = memoryview(slab)[:nbytes]
         fin = weakref.finalize(lease, self._give, slab)
         fin.atexit = False
         return torch.frombuffer(lease, dtype=torch.int64).view(rows, cols)
@@ -49,32 +49,33 @@ class TablePool:
         if nbytes < _POOLED_MIN:
             return
         slab = self._take(nbytes)
-        slab.fill(0)
+        torch.frombuffer(slab, dtype=torch.uint8).fill_(0)
         self._give(slab)
 
-    def _take(self, nbytes: int) -> np.ndarray:
+    def _take(self, nbytes: int) -> bytearray:
         with self._lock:
             # the smallest kept slab that holds the table and is not far larger
-            fits = [s for s in self._free if nbytes <= s.nbytes <= max(8 * nbytes, nbytes + (8 << 20))]
+            most = max(8 * nbytes, nbytes + (8 << 20))
+            fits = [s for s in self._free if nbytes <= len(s) <= most]
             if fits:
-                slab = min(fits, key=lambda s: s.nbytes)
+                slab = min(fits, key=len)
                 self._free = [s for s in self._free if s is not slab]
             else:
                 slab = None
                 self.made += 1
             self.lent += 1
         if slab is None:
-            slab = np.empty(-(-nbytes // _SLAB_ALIGN) * _SLAB_ALIGN, dtype=np.uint8)
+            slab = bytearray(-(-nbytes // _SLAB_ALIGN) * _SLAB_ALIGN)
         return slab
 
-    def _give(self, slab: np.ndarray) -> None:
+    def _give(self, slab: bytearray) -> None:
         with self._lock:
             self.lent -= 1
-            kept = sum(s.nbytes for s in self._free)
-            if len(self._free) < self.keep and kept + slab.nbytes <= self.keep_bytes:
+            kept = sum(len(s) for s in self._free)
+            if len(self._free) < self.keep and kept + len(slab) <= self.keep_bytes:
                 self._free.append(slab)
-            elif self._free and slab.nbytes > min(s.nbytes for s in self._free):
+            elif self._free and len(slab) > min(len(s) for s in self._free):
                 # keep the larger: it serves every smaller table too
-                small = min(self._free, key=lambda s: s.nbytes)
-                if kept - small.nbytes + slab.nbytes <= self.keep_bytes:
+                small = min(self._free, key=len)
+                if kept - len(small) + len(slab) <= self.keep_bytes:
                     self._free = [s for s in self._free if s is not small] + [slab]
