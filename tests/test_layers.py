@@ -193,3 +193,30 @@ def test_the_size_check_sees_a_long_file(tmp_path):
     (tmp_path / "csrc").mkdir()
     (tmp_path / "csrc" / "big.cpp").write_text("int x;\n" * (MAX_LINES + 1))
     assert long_sources(tmp_path) == [f"csrc/big.cpp: {MAX_LINES + 1} lines"]
+
+
+def test_import_kvcache_ext_loads_no_module_that_imports_numpy():
+    """torch is the one dependency (setup.py): every module `import kvcache_ext` loads -- and the
+    transfer planner's runs-table pool a first token_runs loads -- imports neither numpy nor any
+    other package outside torch and the standard library (numpy-based modules, e.g.
+    transfer.pack, the nixl integration, load only when asked for)."""
+    import subprocess
+    code = ("import sys, torch, kvcache_ext as kvc\n"
+            "s = kvc.CacheSpec('kv', 64, 1, 1)\n"
+            "kvc.TransferPlan(kvc.plan_cache([s], 8, 4), kvc.plan_cache([s], 8, 8)).token_runs("
+            "torch.arange(8), torch.arange(4), 30)\n"
+            "print('\\n'.join(m.__file__ for n, m in sys.modules.items()\n"
+            "                 if n.startswith('kvcache_ext') and getattr(m, '__file__', None)\n"
+            "                 and m.__file__.endswith('.py')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    files = out.stdout.split()
+    assert any(f.endswith("transfer/scratch.py") for f in files), files
+    allowed = set(sys.stdlib_module_names) | {"torch", "kvcache_ext", "__future__"}
+    bad = []
+    for f in files:
+        for node in ast.walk(ast.parse(Path(f).read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0
+                     else [])
+            bad += [f"{f}: {n}" for n in names if n and n.split(".")[0] not in allowed]
+    assert bad == []
