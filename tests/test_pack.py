@@ -107,6 +107,16 @@ def test_pack_plans_are_made_once_per_block_count_and_are_packed_read():
     assert mine.get(cons, 0, 32, 64)[1] is not xp  # another part size: other bounds
     assert mine.get(cons, 0, 37, 333)[1] is not xp  # 5 blocks
     assert mine.get(cons, 8, 29, 333)[1] is not xp  # kept only the last 2: made again
+    # one runs-table pool for every length: a prompt of a new length plans in a slab an
+    # earlier one touched (2,000 runs: above the pool's floor)
+    big = kvc.plan_cache(SPECS, 2000, 8, "LBHNC")
+    lengths = PackPlans(big, own_is_src=False)
+    for count in (3000, 3100, 2900, 3050):  # four block counts: four plan pairs
+        pr4, xp4 = lengths.get(big, 0, count)
+        runs = xp4.token_runs(pr4.table(), torch.randperm(2000)[:400], count)  # page by page
+        assert runs.numel() * 8 >= 64 << 10 and xp4.tables is lengths.tables
+        del runs
+    assert lengths.tables.made == 1 and lengths.tables.lent == 0
     with pytest.raises(ValueError, match="dst_plan must be `own`"):
         mine.get(prod, 0, 8)
     theirs = PackPlans(prod, own_is_src=True)

@@ -27,6 +27,7 @@ import torch
 
 from ..plan import CachePlan, plan_cache
 from .plan import TransferPlan
+from .scratch import TablePool
 
 # the parts a packed read is pipelined in: each is one NIXL read of the consumer (about 0.3 ms
 # of fixed cost on a 2-core host) and the first is packed before any is read
@@ -85,8 +86,9 @@ class PackPlans:
     """The packed reads of one engine's cache plan `own`, made once per consumer plan, block count
     and part size and kept (the last `keep`): packed_read and the TransferPlan between the packed
     plan and `own` -- into it for a consumer (own_is_src False), out of it for a producer. A
-    request of a length seen before then plans only its runs, in tables the TransferPlan lends
-    from memory the last such request touched (transfer/scratch.py)."""
+    request of a length seen before then plans only its runs; every request, whatever its
+    length, plans them in tables lent by one pool (`tables`, transfer/scratch.py) from memory an
+    earlier request touched, so prompts of ever new lengths fault no fresh table in either."""
 
     def __init__(self, own: CachePlan, own_is_src: bool, keep: int = 16) -> None:
         if not isinstance(own, CachePlan):
@@ -95,6 +97,7 @@ class PackPlans:
         self._made: OrderedDict[tuple, tuple[CachePlan, tuple[int, ...], TransferPlan]] = (
             OrderedDict())
         self._lock = threading.Lock()
+        self.tables = TablePool()
 
     def get(self, dst_plan: CachePlan, start: int, count: int,
             part_bytes: int = PACK_PART_BYTES) -> tuple[PackedRead, TransferPlan]:
@@ -112,6 +115,7 @@ class PackPlans:
         if made is None:
             xplan = (TransferPlan(self.own, pr.plan) if self.own_is_src
                      else TransferPlan(pr.plan, self.own))
+            xplan.tables = self.tables  # one pool for all lengths
             made = (pr.plan, pr.bounds, xplan)
             with self._lock:
                 made = self._made.setdefault(key, made)
