@@ -2,7 +2,9 @@
 
 Test hooks travel in a request's kv_transfer_params, not here, so one engine serves every case:
 kvc_debug_delay_s (the consumer waits before reading), kvc_debug_timeout_s (its read's timeout),
-kvc_debug_acquire_delay_s (the producer answers the read's request this late), kvc_debug_corrupt
+kvc_debug_acquire_delay_s (the producer answers the read's request this late),
+kvc_debug_release_delay_s (the consumer releases the producer's blocks this late after its read:
+a producer's pack ranges then stay lent while other reads ask), kvc_debug_corrupt
 (the consumer negates every value it read -- in a grouped cache, sets every byte it read, or
 given a spec name that spec's, to 0x3F: the tokens must change)."""
 from __future__ import annotations

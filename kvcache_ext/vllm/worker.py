@@ -347,7 +347,7 @@ class WorkerSide:
                 self._corrupt(moved(None if dbg["corrupt"] is True else str(dbg["corrupt"])))
             with self._cond:
                 self._recv_done.add(rs.request_id)
-            self._release_later(r)
+            self._release_later(r, float(dbg.get("release_delay_s", 0.0)))
         except Exception as e:  # noqa: BLE001 - every failure is the request's, reported to vLLM
             if handle is not None:
                 handle.cancel()  # NIXL aborts it: no byte lands after this
@@ -387,8 +387,8 @@ class WorkerSide:
             with self._cond, open(self.cfg.stats_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
 
-    def _release_later(self, r: Remote) -> None:
-        threading.Thread(target=self._release, args=(r,), name="kvc-release", daemon=True).start()
+    def _release_later(self, r: Remote, delay_s: float = 0.0) -> None:
+        threading.Thread(target=lambda: (time.sleep(delay_s), self._release(r)), daemon=True).start()
 
     def _release(self, r: Remote, timeout_s: float | None = None) -> None:
         """Tell the producer it may free the blocks (best effort: a gone producer frees them by
