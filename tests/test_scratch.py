@@ -58,6 +58,12 @@ def test_small_tables_are_not_pooled_and_the_pool_keeps_a_bounded_amount():
     assert len(pool._free) <= 2 and sum(len(s) for s in pool._free) <= 1 << 20
     big = pool.int64(1 << 16, 6)  # 3 MiB: kept slabs too small, a new one
     assert pool.made == 6 and big.shape == (1 << 16, 6)
+    del big  # over keep_bytes alone: freed, the two small ones stay
+    assert sorted(len(s) for s in pool._free) == [192 << 10] * 2
+    roomy = TablePool(keep=2, keep_bytes=8 << 20)
+    tables = [roomy.int64(4096, 6), roomy.int64(1 << 16, 6), roomy.int64(8192, 6)]
+    del tables  # three returned, two kept: the largest, which serve every smaller table
+    assert sorted(len(s) for s in roomy._free) == [384 << 10, 3 << 20]
 
 
 def _pair(sb: int, db: int) -> kvc.TransferPlan:

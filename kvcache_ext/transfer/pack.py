@@ -66,17 +66,26 @@ class PackedRead:
         return (torch.arange(n, dtype=torch.int64) - first).clamp_(min=0)
 
 
-def packed_read(dst_plan: CachePlan, start: int, count: int,
-                part_bytes: int = PACK_PART_BYTES) -> PackedRead:
-    """The packed form of tokens start .. start + count - 1 for a consumer of plan dst_plan."""
+def _check_read(dst_plan: CachePlan, start: int, count: int, part_bytes: int) -> None:
     if not isinstance(dst_plan, CachePlan):
         raise TypeError(f"dst_plan must be a CachePlan, got {type(dst_plan).__name__}")
     for arg, v in (("start", start), ("count", count), ("part_bytes", part_bytes)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (1 if arg != "start" else 0):
             raise ValueError(f"{arg} must be an int >= {1 if arg != 'start' else 0}, got {v!r}")
+
+
+def _blocks(block_size: int, start: int, count: int) -> int:
+    """The blocks tokens start .. start + count - 1 touch."""
+    return -(-(start + count) // block_size) - start // block_size
+
+
+def packed_read(dst_plan: CachePlan, start: int, count: int,
+                part_bytes: int = PACK_PART_BYTES) -> PackedRead:
+    """The packed form of tokens start .. start + count - 1 for a consumer of plan dst_plan."""
+    _check_read(dst_plan, start, count, part_bytes)
     bs = dst_plan.block_size
-    blocks = -(-(start + count) // bs) - start // bs
-    plan = plan_cache(list(dst_plan.specs), blocks, bs, pack_layout(dst_plan.layout))
+    plan = plan_cache(list(dst_plan.specs), _blocks(bs, start, count), bs,
+                      pack_layout(dst_plan.layout))
     total = plan.total_bytes
     bounds = tuple(range(0, total, part_bytes)) + (total,)
     return PackedRead(plan, start, count, bounds)
@@ -102,17 +111,19 @@ class PackPlans:
     def get(self, dst_plan: CachePlan, start: int, count: int,
             part_bytes: int = PACK_PART_BYTES) -> tuple[PackedRead, TransferPlan]:
         """(packed_read(dst_plan, start, count, part_bytes), its TransferPlan with own)."""
-        if not self.own_is_src and dst_plan != self.own:
+        _check_read(dst_plan, start, count, part_bytes)
+        if not self.own_is_src and dst_plan is not self.own and dst_plan != self.own:
             raise ValueError("a consumer's packed reads are into its own plan: dst_plan must "
                              "be `own`")
-        pr = packed_read(dst_plan, start, count, part_bytes)  # checks the arguments
-        key = (dst_plan.specs, dst_plan.block_size, dst_plan.layout, pr.plan.num_blocks,
-               part_bytes)
+        # the key is arithmetic: a length seen before plans nothing but its runs
+        key = (dst_plan.specs, dst_plan.block_size, dst_plan.layout,
+               _blocks(dst_plan.block_size, start, count), part_bytes)
         with self._lock:
             made = self._made.get(key)
             if made is not None:
                 self._made.move_to_end(key)
         if made is None:
+            pr = packed_read(dst_plan, start, count, part_bytes)
             xplan = (TransferPlan(self.own, pr.plan) if self.own_is_src
                      else TransferPlan(pr.plan, self.own))
             xplan.tables = self.tables  # one pool for all lengths

@@ -69,13 +69,13 @@ class TablePool:
         return slab
 
     def _give(self, slab: bytearray) -> None:
+        # keep the largest slabs (a large one serves every smaller table), up to keep / keep_bytes
         with self._lock:
             self.lent -= 1
-            kept = sum(len(s) for s in self._free)
-            if len(self._free) < self.keep and kept + len(slab) <= self.keep_bytes:
-                self._free.append(slab)
-            elif self._free and len(slab) > min(len(s) for s in self._free):
-                # keep the larger: it serves every smaller table too
-                small = min(self._free, key=len)
-                if kept - len(small) + len(slab) <= self.keep_bytes:
-                    self._free = [s for s in self._free if s is not small] + [slab]
+            kept: list[bytearray] = []
+            total = 0
+            for s in sorted(self._free + [slab], key=len, reverse=True):
+                if len(kept) < self.keep and total + len(s) <= self.keep_bytes:
+                    kept.append(s)
+                    total += len(s)
+            self._free = kept

@@ -108,7 +108,7 @@ class PackBuffer:
             dst = plan_from_dict(ask["plan"])
             start, count = int(ask["start"]), int(ask["count"])
             plans = self._plans
-            if plans is None or plans.own != plan:
+            if plans is None or (plans.own is not plan and plans.own != plan):
                 plans = self._plans = PackPlans(plan, own_is_src=True)
             pr, xplan = plans.get(dst, start, count, int(ask["part_bytes"]))
             table = torch.tensor(ask["block_ids"], dtype=torch.int64)
