@@ -33,6 +33,7 @@ from .config import ConnectorConfig
 from .group_plan import group_cache_of, group_plan_of
 from .group_reads import group_spans, group_tables
 from .packing import Done, PackBuffer, pack_ask, read_packed
+from .peers import LoadError, Producers
 from .protocol import KvcacheExtMetadata, RecvSpec, Remote, WorkerAddress
 from .side_channel import Server, call, stream
 
@@ -45,10 +46,6 @@ class _Hold:
     generation: int
     expiry_time: float        # time.time(): freed unread after this
     read_deadline: float = 0  # time.time(): a granted read holds the blocks until then
-
-
-class LoadError(RuntimeError):
-    """A prompt's cache could not be read (the request then fails or is recomputed)."""
 
 
 class WorkerSide:
@@ -72,8 +69,9 @@ class WorkerSide:
         self._bad_blocks: set[int] = set()
         self.pack: PackBuffer | None = None  # producer: where it packs for unlike consumers
         self.pack_plans: PackPlans | None = None  # consumer: its packed reads, once per length
-        self._peers: dict[tuple[str, int], tuple[str, str, kvc_nixl.Peer]] = {}
-        self._peer_lock = threading.Lock()
+        # the producers known as NIXL peers; with one cache plan, each one's plan pair made and
+        # a runs table of the longest prompt faulted in at its handshake (not in a read's plan_s)
+        self.producers = Producers(self.layer_names, self.max_tokens if self.vplan is None else 0)
         self.ep: kvc_nixl.Endpoint | None = None
         self.elem_bytes = 0
         self.server: Server | None = None
@@ -192,40 +190,7 @@ class WorkerSide:
 
     # ---- consumer: one prompt's read -----------------------------------------------------------
     def _peer(self, r: Remote, timeout_s: float) -> kvc_nixl.Peer:
-        """The producer's Endpoint as a peer: its metadata over the side channel (once per
-        producer instance), checked against the parameters on every read (engine id and
-        instance: a restarted producer is another one). The side channel is asked outside the
-        lock (a producer that does not answer holds up no read from another); a peer is
-        replaced only by a newer instance than the one known, never by a stale request's."""
-        key = (r.host, r.port)
-        with self._peer_lock:
-            known = self._peers.get(key)
-        added = None
-        if known is None or known[1] != r.instance:
-            reply, blob = call(r.host, r.port, {"op": "meta"}, timeout_s)
-            if reply.get("layers") != self.layer_names:
-                raise LoadError(f"the producer's layers {reply.get('layers')} are not this "
-                                f"engine's {self.layer_names}")
-            fetched = (str(reply.get("engine_id")), str(reply.get("instance")))
-            with self._peer_lock:
-                known = self._peers.get(key)
-                if known is None or known[:2] != fetched:
-                    if known is not None:  # that producer was restarted: its blocks are gone
-                        self.ep.remove_peer(known[2])
-                    known = (*fetched, self.ep.add_peer(blob))
-                    self._peers[key] = known
-                    added = known[2]
-            if added is not None and self.vplan is None:  # made once, not in a read's plan_s:
-                # the plan pair, and a runs table of the longest prompt faulted in
-                self.ep.transfer_plan(added).reserve_runs(self.max_tokens)
-        engine_id, instance, peer = known
-        if engine_id != r.engine_id:
-            raise LoadError(f"the producer at {r.host}:{r.port} is engine {engine_id!r}, the "
-                            f"parameters name {r.engine_id!r}")
-        if instance != r.instance:
-            raise LoadError(f"the producer at {r.host}:{r.port} is instance {instance!r}, the "
-                            f"parameters name {r.instance!r} (restarted: the blocks are gone)")
-        return peer
+        return self.producers.peer(self.ep, r, timeout_s)
 
     def _tables(self, src, dst, rs: RecvSpec) -> tuple[dict, dict]:
         try:

@@ -9,6 +9,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from kvcache_ext.vllm import peers as P
 from kvcache_ext.vllm import worker as W
 from kvcache_ext.vllm.config import ConnectorConfig
 from kvcache_ext.vllm.protocol import Remote
@@ -42,7 +43,7 @@ def consumer(monkeypatch, answer) -> W.WorkerSide:
     kv = NS(kv_cache_groups=[NS(layer_names=LAYERS)])
     ws = W.WorkerSide(cfg, kv, ConnectorConfig())
     ws.ep = FakeEndpoint()
-    monkeypatch.setattr(W, "call", lambda host, port, m, timeout_s: answer(host, port, m))
+    monkeypatch.setattr(P, "call", lambda host, port, m, timeout_s: answer(host, port, m))
     return ws
 
 
