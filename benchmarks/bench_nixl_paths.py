@@ -7,7 +7,9 @@ Cases (blocks random and never consecutive on both sides, as in bench_transfer.p
 - "dsa 64->16": DeepSeek-V3.2's request (61 layers of MLA 656 B + indexer 132 B), BLHNC/64 ->
   BLHNC/16: 62,464 spans of 2-10 KiB;
 - "vllm 32->64": vLLM CPU's page (8 layers, 4 KV heads, K channel-major | V, head_dim 64 fp32),
-  LBHNC/32 -> LBHNC/64: about 530,000 spans of 128 B (one per K channel per token run) and 8 KiB.
+  LBHNC/32 -> LBHNC/64: about 530,000 spans of 128 B (one per K channel per token run) and 8 KiB;
+- "vllm 32->32": the same page between equal plans, 2,048 spans of 64 KiB (a like read whose
+  blocks are scattered on both sides, as a decode engine's become once it has freed blocks).
 For each path (plain, prepared, strided, staged) and two yardsticks timed in the same
 alternating rounds -- one large read of the same number of bytes, and the same spans copied in
 this process by copy_spans (what a staged read's unpack costs alone) -- the median of --repeats of: the
@@ -51,7 +53,14 @@ def case_plans(tokens: int) -> dict[str, tuple[kvc.CachePlan, kvc.CachePlan]]:
     return {"dsa 64->16": (kvc.plan_cache(dsa, 2 * tokens // 64, 64, "BLHNC"),
                            kvc.plan_cache(dsa, 2 * tokens // 16, 16, "BLHNC")),
             "vllm 32->64": (kvc.plan_cache(kv, 2 * tokens // 32, 32, "LBHNC"),
-                            kvc.plan_cache(kv, 2 * tokens // 64, 64, "LBHNC"))}
+                            kvc.plan_cache(kv, 2 * tokens // 64, 64, "LBHNC")),
+            "vllm 32->32": (kvc.plan_cache(kv, 2 * tokens // 32, 32, "LBHNC"),
+                            kvc.plan_cache(kv, 2 * tokens // 32, 32, "LBHNC"))}
+
+
+def tag(case: str) -> str:
+    """An agent name's part for a case ("vllm 32->64" -> "vllm-32to64"): unique per case."""
+    return case.replace("->", "to").replace(" ", "-")
 
 
 def table(plan: kvc.CachePlan, tokens: int, seed: int) -> torch.Tensor:
@@ -66,7 +75,7 @@ def owner(tokens: int, commands, replies) -> None:
     for name, (src, _) in case_plans(tokens).items():
         cache = kvc.allocate(src)
         fill(cache, 1)
-        eps[name] = kn.Endpoint(f"owner-{name.split()[0]}", cache)
+        eps[name] = kn.Endpoint(f"owner-{tag(name)}", cache)
     replies.put(("ready", {k: ep.metadata() for k, ep in eps.items()}))
     commands.get(timeout=3600)
     for ep in eps.values():
@@ -84,7 +93,7 @@ def run_case(name, src_plan, dst_plan, blob, tokens, repeats) -> dict:
     import kvcache_ext.nixl as kn
     dst = kvc.allocate(dst_plan, fill=0)
     out = {"case": name, "paths": {}, "first": {}}
-    with kn.Endpoint(f"reader-{name.split()[0]}", dst) as ep:
+    with kn.Endpoint(f"reader-{tag(name)}", dst) as ep:
         peer = ep.add_peer(blob)
         spans = kvc.TransferPlan(peer.plan, ep.plan).token_spans(
             table(src_plan, tokens, 10), table(dst_plan, tokens, 20), tokens)
@@ -127,7 +136,7 @@ def run_case(name, src_plan, dst_plan, blob, tokens, repeats) -> dict:
         out["paths"]["local copy_spans"]["note"] = "the unpack alone: no NIXL, nothing beside it"
     for p in [p for p in PATHS if p in samples]:  # a new peer's first transfer: handshake, prep
         dst.buffer.zero_()
-        with kn.Endpoint(f"first-{name.split()[0]}-{p}", dst) as ep:
+        with kn.Endpoint(f"first-{tag(name)}-{p}", dst) as ep:
             t = time.perf_counter()
             peer = ep.add_peer(blob)
             ep.read(peer, spans, path=p).wait(WAIT_S)
