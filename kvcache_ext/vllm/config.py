@@ -75,9 +75,11 @@ class ConnectorConfig:
         return int(env) + dp_index if env else 0
 
 
-def check_supported(vllm_config, kv_cache_config) -> None:
-    """Refuse, naming the field, what the connector does not move yet."""
+def check_supported(vllm_config, kv_cache_config):
+    """Refuse, naming the field, what the connector does not move yet. -> the VllmGroupPlan it
+    checked a hybrid cache's layers with (the worker keeps it), else None."""
     groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+    vplan = None
     cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
     if len(groups) > 1:
         # a hybrid cache: every layer's record must be one the plan knows. The scheduler's
@@ -85,7 +87,7 @@ def check_supported(vllm_config, kv_cache_config) -> None:
         # worker's, with every layer's spec, is checked.
         if all(hasattr(getattr(g, "kv_cache_spec", None), "kv_cache_specs") for g in groups):
             from .group_plan import group_plan_of
-            group_plan_of(kv_cache_config)
+            vplan = group_plan_of(kv_cache_config)
     elif cache_dtype not in ("auto", None):
         raise ValueError(f"KvcacheExtConnector: cache_config.cache_dtype = {cache_dtype!r} is not "
                          f"supported in a one-group cache (fp8 K/V caches are not moved yet); "
@@ -99,3 +101,4 @@ def check_supported(vllm_config, kv_cache_config) -> None:
         if getattr(par, field, 1) != 1:
             raise ValueError(f"KvcacheExtConnector: parallel_config.{field} = "
                              f"{getattr(par, field)} is not supported; 1 is")
+    return vplan

@@ -31,7 +31,7 @@ log = logging.getLogger("kvcache_ext.vllm")
 class KvcacheExtConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config, role, kv_cache_config) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        check_supported(vllm_config, kv_cache_config)
+        vplan = check_supported(vllm_config, kv_cache_config)
         tc = vllm_config.kv_transfer_config
         self.cfg = ConnectorConfig.from_extra(tc.kv_connector_extra_config)
         if (role == KVConnectorRole.SCHEDULER and tc.is_kv_consumer
@@ -40,7 +40,7 @@ class KvcacheExtConnector(KVConnectorBase_V1, SupportsHMA):
                         "cannot be read ends with an error; 'recompute' computes it instead",
                         getattr(tc, "kv_load_failure_policy", "fail"))
         self.scheduler = SchedulerSide(vllm_config, self.cfg) if role == KVConnectorRole.SCHEDULER else None
-        self.worker = WorkerSide(vllm_config, kv_cache_config, self.cfg) if role == KVConnectorRole.WORKER else None
+        self.worker = WorkerSide(vllm_config, kv_cache_config, self.cfg, vplan) if role == KVConnectorRole.WORKER else None
 
     # ---- scheduler half --------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens):

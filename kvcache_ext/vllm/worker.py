@@ -30,7 +30,7 @@ from ..transfer import TransferPlan, spans_of_runs
 from ..transfer.pack import PackPlans
 from .cache_plan import cache_of
 from .config import ConnectorConfig
-from .group_plan import group_cache_of, group_plan_of
+from .group_plan import VllmGroupPlan, group_cache_of, group_plan_of
 from .group_reads import group_spans, group_tables
 from .packing import Done, PackBuffer, pack_ask, read_packed
 from .peers import LoadError, Producers
@@ -49,12 +49,16 @@ class _Hold:
 
 
 class WorkerSide:
-    def __init__(self, vllm_config, kv_cache_config, cfg: ConnectorConfig) -> None:
+    def __init__(self, vllm_config, kv_cache_config, cfg: ConnectorConfig,
+                 vplan: VllmGroupPlan | None = None) -> None:
+        """vplan: a hybrid cache's VllmGroupPlan if check_supported made it already."""
         self.cfg = cfg
         self.engine_id = str(vllm_config.kv_transfer_config.engine_id)
         groups = kv_cache_config.kv_cache_groups
         # several groups (vLLM's hybrid manager: DeepSeek-V4): one GroupPlan over them all
-        self.vplan = group_plan_of(kv_cache_config) if len(groups) > 1 else None
+        if vplan is None and len(groups) > 1:
+            vplan = group_plan_of(kv_cache_config)
+        self.vplan = vplan
         self.layer_names = [n for g in groups for n in g.layer_names]
         self.kv_cache_spec = getattr(groups[0], "kv_cache_spec", None)
         self.dp_index = int(getattr(vllm_config.parallel_config, "data_parallel_index", 0) or 0)

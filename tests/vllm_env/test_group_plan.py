@@ -143,3 +143,22 @@ def test_a_read_moves_the_blocks_vllm_keeps_and_never_the_null_block():
     with pytest.raises(ValueError, match="group g0: block 3 of the request is vLLM's null block "
                                          "on the producer"):
         group_tables(plan, names, holed, lists, n)
+
+
+def test_the_connector_builds_the_plan_once_and_the_worker_keeps_it(monkeypatch):
+    """check_supported checks a hybrid cache by building its plan; the worker keeps that one
+    (the V4 plan used to be built twice at start-up)."""
+    from kvcache_ext.vllm import worker as W
+    from kvcache_ext.vllm.config import ConnectorConfig, check_supported
+    cfg = SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="auto"),
+                          parallel_config=SimpleNamespace(tensor_parallel_size=1,
+                                                          pipeline_parallel_size=1),
+                          kv_transfer_config=SimpleNamespace(engine_id="e"),
+                          model_config=SimpleNamespace(max_model_len=4096))
+    vp = check_supported(cfg, config())
+    assert vp is not None and vp.plan == group_plan_of(config()).plan
+    monkeypatch.setattr(W, "group_plan_of", lambda kv: pytest.fail("built again"))
+    ws = W.WorkerSide(cfg, config(), ConnectorConfig(), vp)
+    assert ws.vplan is vp and ws.producers.reserve_tokens == 0  # grouped: reads plan spans
+    one = SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["a"], kv_cache_spec=None)])
+    assert check_supported(cfg, one) is None
