@@ -5,6 +5,8 @@ by them on both sides."""
 from __future__ import annotations
 
 import os
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -119,3 +121,54 @@ def test_v4_request_through_nixl_between_different_plans():
                                       torch.tensor([0, 64], dtype=torch.int32), raw=True)
     assert torch.equal(early(reader_cache, 1), early(kvc.KVCache(dst_plan, reader_before), 1))
     assert not torch.equal(early(reader_cache, 1), early(owner_cache, 0))
+
+
+def test_closing_a_v4_endpoint_mid_read_fails_it_and_writes_nothing_outside_its_rows(
+        monkeypatch):
+    """close() while a V4 request's rows are read (the consumer engine shutting down): the read
+    fails naming the close (its rows are undefined: never reported as moved), and every byte of
+    the reader's cache outside those rows is as it was; the owner's cache is untouched. The
+    read is staged in parts whose unpacks are slowed, so close() comes while parts are still
+    read and unpacked, whatever this host's speed (a plain read may be over when posted)."""
+    kn = nixl_module()
+    real, unpacks = kn.paths._ops.copy_spans, []
+
+    def slow_copy_spans(src, dst, spans):
+        unpacks.append(time.monotonic())
+        time.sleep(0.2)
+        real(src, dst, spans)
+    monkeypatch.setattr(kn.paths, "_ops", SimpleNamespace(copy_spans=slow_copy_spans))
+    monkeypatch.setattr(kn.paths, "STAGE_PART_BYTES", 4 << 20)  # about 11 parts
+    groups = kvc.presets.deepseek_v4("flash")
+    src_plan = kvc.plan_cache(groups=groups, num_blocks=64, layout="BLHNC", packing="overlay")
+    dst_plan = kvc.plan_cache(groups=groups, num_blocks=64, layout="BLNHC", packing="stack")
+    # one byte value a side: a byte of the owner's that lands outside the rows shows
+    owner = kvc.allocate(src_plan, fill=0x5A)
+    reader = kvc.allocate(dst_plan, fill=0xA5)
+    g = torch.Generator().manual_seed(8)
+    src, dst = (torch.randperm(64, generator=g)[:50].to(torch.int32) for _ in range(2))
+    spans = kvc.GroupTransferPlan(src_plan, dst_plan, groups=["main"]).token_spans(
+        {"main": (src, dst)}, 50 * 256)
+    rows = torch.zeros(dst_plan.total_bytes, dtype=torch.bool)
+    for _, d, n in spans.tolist():
+        rows[d:d + n] = True
+    a = kn.Endpoint("v4-close-owner", owner)
+    b = kn.Endpoint("v4-close-reader", reader)
+    try:
+        peer = b.add_peer(a.metadata())
+        h = b.read(peer, spans, path="staged")
+        deadline = time.monotonic() + 30
+        while not h.done() and not unpacks and time.monotonic() < deadline:
+            time.sleep(0.005)  # done() moves it on: until the first part is being unpacked
+        assert unpacks and not h.done()
+        b.close()
+        with pytest.raises(kn.NixlError, match="was closed during the READ"):
+            h.wait(5)
+        with pytest.raises(ValueError, match="closed"):
+            b.read(peer, spans)
+    finally:
+        b.close()
+        a.close()
+    assert int(rows.sum()) > 40 << 20 and not bool(rows.all())
+    assert not bool(((reader.buffer != 0xA5) & ~rows).any())
+    assert not bool((owner.buffer != 0x5A).any())
