@@ -40,8 +40,8 @@ struct Chunk {
 };
 
 // Emits runs, merging each into the open one where that stays one run; a run is written out
-// once the next one cannot join it. out == nullptr: counts them only (the caller then
-// allocates exactly that many rows: no over-allocated table, no copy of it).
+// once the next one cannot join it, at most cap rows (token_runs gives as many as the pieces
+// added can make, and keeps a view of the rows written). out == nullptr: counts them only.
 struct Emitter {
   int64_t* out;
   int64_t cap, n = 0;  // n: runs closed so far

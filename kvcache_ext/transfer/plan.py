@@ -157,6 +157,9 @@ class TransferPlan:
             -1, _MOVE_FIELDS)
         # the runs tables of token_runs: memory one request returns, the next one reuses
         self.tables = TablePool()
+        # the most pieces the planner adds per chunk of tokens (two per head of split rows)
+        self._adds_per_chunk = sum(m.layers[2] * m.heads[2] * (1 if m.split is None else 2)
+                                   for m in moves)
 
     @property
     def specs(self) -> tuple[str, ...]:
@@ -234,14 +237,26 @@ class TransferPlan:
         dst_table = _table_form(dst_block_table, "dst_block_table", dst_start, num_tokens, nd)
         args = (self.move_table, src_table, dst_table, ns, nd, sp.num_blocks, dp.num_blocks,
                 num_tokens, src_start, dst_start)
-        # counted first, then written into exactly that many rows, lent by self.tables: memory
-        # an earlier request of this pair touched (first-touch page faults of a fresh table
-        # cost more than the pass that counts it); the table goes back when its last user drops it
+        # one pass, into a table of the most rows it can take, lent by self.tables: memory an
+        # earlier request of this pair touched (a fresh table's first-touch page faults cost
+        # more than the pass), of which the pass writes only the rows it keeps; the table goes
+        # back when its last user (this view, its views) drops it
+        runs = self.tables.int64(self._runs_bound(num_tokens, src_start, dst_start), 6)
         count = torch.zeros(1, dtype=torch.int64)
-        _ops.plan_token_runs(*args, torch.empty(0, 6, dtype=torch.int64), count)
-        runs = self.tables.int64(int(count), 6)
         _ops.plan_token_runs(*args, runs, count)
-        return runs
+        return runs[:int(count)]
+
+    def _runs_bound(self, num_tokens: int, src_start: int, dst_start: int) -> int:
+        """The most runs token_runs can give: a piece per chunk of tokens (a stretch inside one
+        block on both sides: as many as the blocks each side touches, less one, or one a block
+        where the block sizes and starts agree) per move, layer, head and part; merging only
+        makes fewer."""
+        ns, nd = self.src_plan.block_size, self.dst_plan.block_size
+        src_blocks = -(-(src_start % ns + num_tokens) // ns)
+        dst_blocks = -(-(dst_start % nd + num_tokens) // nd)
+        aligned = ns == nd and src_start % ns == dst_start % nd
+        chunks = src_blocks if aligned else src_blocks + dst_blocks - 1
+        return chunks * self._adds_per_chunk
 
     def reserve_runs(self, num_tokens: int) -> None:
         """Fault in now the table token_runs of up to num_tokens tokens needs (a request's
@@ -251,17 +266,10 @@ class TransferPlan:
             raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
         if num_tokens == 0:
             return
-        sp, dp = self.src_plan, self.dst_plan
-        ns, nd = sp.block_size, dp.block_size
-        # a request starts at the same token on both sides, so its chunks cut where those of
-        # this many tokens from token 0 do
-        n = num_tokens + max(ns, nd)
-        zeros_s = torch.zeros(-(-n // ns), dtype=torch.int64)
-        zeros_d = torch.zeros(-(-n // nd), dtype=torch.int64)
-        count = torch.zeros(1, dtype=torch.int64)
-        _ops.plan_token_runs(self.move_table, zeros_s, zeros_d, ns, nd, sp.num_blocks,
-                             dp.num_blocks, n, 0, 0, torch.empty(0, 6, dtype=torch.int64), count)
-        self.tables.reserve(int(count) * 6 * 8)
+        ns, nd = self.src_plan.block_size, self.dst_plan.block_size
+        # the largest table a request of up to num_tokens tokens asks for (starts inside a block
+        # add a chunk a side)
+        self.tables.reserve(self._runs_bound(num_tokens, ns - 1, nd - 1) * 6 * 8)
 
     # ---- the span math -----------------------------------------------------------------------
     def _spans(self, sb: torch.Tensor, db: torch.Tensor, sn: torch.Tensor, dn: torch.Tensor,

@@ -5,13 +5,17 @@ A request's runs table is new memory: between two block sizes of a channel-major
 most of a MiB (16,384 runs for 8,192 tokens), above glibc's mmap threshold, so each request
 maps fresh pages and takes one page fault per 4 KiB on its first touch -- 2.5 ms of a 2-core
 VM's planning for a pass that takes 0.3 ms on memory touched before. A pool lends a slab it
-already faulted in instead, and takes it back when the last tensor on it is gone: the tensor
-is made by torch.frombuffer over a memoryview of the slab (a bytearray), which the tensor's
-storage holds until it is freed, so the memoryview's finalizer runs exactly then (whatever
-views of the table, numpy arrays over it or other threads still hold it, the slab is not lent
-twice). Torch and the standard library only: `import kvcache_ext` needs nothing else."""
+already holds instead, and takes it back when the last tensor on it is gone: the tensor is made
+by torch.frombuffer over a memoryview of the slab, which the tensor's storage holds until it is
+freed, so the memoryview's finalizer runs exactly then (whatever views of the table, numpy
+arrays over it or other threads still hold it, the slab is not lent twice). A slab is an
+anonymous mmap: its pages are faulted in by the first table written there, only as far as that
+table's rows go (token_runs lends a table of the most rows a request can take and writes the
+rows it keeps), and stay in for every later one; reserve() faults a whole slab in at once.
+Torch and the standard library only: `import kvcache_ext` needs nothing else."""
 from __future__ import annotations
 
+import mmap
 import threading
 import weakref
 
@@ -28,7 +32,7 @@ class TablePool:
     def __init__(self, keep: int = 4, keep_bytes: int = 32 << 20) -> None:
         self.keep, self.keep_bytes = keep, keep_bytes
         self._lock = threading.Lock()
-        self._free: list[bytearray] = []
+        self._free: list[mmap.mmap] = []
         self.lent = 0     # slabs lent now
         self.made = 0     # slabs made (each fresh one faults its pages in once)
 
@@ -52,7 +56,7 @@ class TablePool:
         torch.frombuffer(slab, dtype=torch.uint8).fill_(0)
         self._give(slab)
 
-    def _take(self, nbytes: int) -> bytearray:
+    def _take(self, nbytes: int) -> mmap.mmap:
         with self._lock:
             # the smallest kept slab that holds the table and is not far larger
             most = max(8 * nbytes, nbytes + (8 << 20))
@@ -65,14 +69,14 @@ class TablePool:
                 self.made += 1
             self.lent += 1
         if slab is None:
-            slab = bytearray(-(-nbytes // _SLAB_ALIGN) * _SLAB_ALIGN)
+            slab = mmap.mmap(-1, -(-nbytes // _SLAB_ALIGN) * _SLAB_ALIGN)  # no page touched yet
         return slab
 
-    def _give(self, slab: bytearray) -> None:
+    def _give(self, slab: mmap.mmap) -> None:
         # keep the largest slabs (a large one serves every smaller table), up to keep / keep_bytes
         with self._lock:
             self.lent -= 1
-            kept: list[bytearray] = []
+            kept: list[mmap.mmap] = []
             total = 0
             for s in sorted(self._free + [slab], key=len, reverse=True):
                 if len(kept) < self.keep and total + len(s) <= self.keep_bytes:
