@@ -63,9 +63,16 @@ def test_small_tables_are_not_pooled_and_the_pool_keeps_a_bounded_amount():
     del big  # over keep_bytes alone: freed, the two small ones stay
     assert sorted(len(s) for s in pool._free) == [192 << 10] * 2
     roomy = TablePool(keep=2, keep_bytes=8 << 20)
-    tables = [roomy.int64(4096, 6), roomy.int64(1 << 16, 6), roomy.int64(8192, 6)]
-    del tables  # three returned, two kept: the largest, which serve every smaller table
-    assert sorted(len(s) for s in roomy._free) == [384 << 10, 3 << 20]
+    small, large, mid = roomy.int64(4096, 6), roomy.int64(1 << 16, 6), roomy.int64(8192, 6)
+    del small, mid, large  # three returned, the largest last: two kept, the largest (they
+    assert sorted(len(s) for s in roomy._free) == [384 << 10, 3 << 20]  # serve smaller ones)
+    pinned = TablePool(keep_bytes=1 << 20)
+    pinned.reserve(3 << 20)  # over keep_bytes: kept all the same (what reserve_runs asks for)
+    assert [len(s) for s in pinned._free] == [3 << 20] and pinned.keep_bytes == 3 << 20
+    t = pinned.int64(1 << 16, 6)
+    assert pinned.made == 1 and pinned.lent == 1
+    del t
+    assert pinned.lent == 0 and len(pinned._free) == 1
 
 
 def _pair(sb: int, db: int) -> kvc.TransferPlan:
@@ -85,11 +92,13 @@ def test_runs_in_lent_tables_equal_the_spans_and_the_first_request_is_warm(sb, d
     assert len(calls) == 1 and calls[0][0] > 0  # and one planner pass, into that table
     monkeypatch.undo()
     g = torch.Generator().manual_seed(sb * 100 + db)
-    for start, count in ((0, 8192), (64, 8000), (0, 8192)):
-        st = torch.randperm(xp.src_plan.num_blocks, generator=g)[:-(-(start + count) // sb)]
-        dt = torch.randperm(xp.dst_plan.num_blocks, generator=g)[:-(-(start + count) // db)]
-        runs = xp.token_runs(st, dt, count, start, start)
-        want = xp.token_spans(st, dt, count, start, start)
+    # starts on a block, inside one (a prefix hit), and not in step between the two sides
+    for s0, d0, count in ((0, 0, 8192), (64, 64, 8000), (17, 17, 8000), (32, 32, 8000),
+                          (16, 0, 8000), (5, 27, 8100), (0, 0, 8192)):
+        st = torch.randperm(xp.src_plan.num_blocks, generator=g)[:-(-(s0 + count) // sb)]
+        dt = torch.randperm(xp.dst_plan.num_blocks, generator=g)[:-(-(d0 + count) // db)]
+        runs = xp.token_runs(st, dt, count, s0, d0)
+        want = xp.token_spans(st, dt, count, s0, d0)
         assert torch.equal(kvc.merge_spans(*kvc.spans_of_runs(runs).unbind(1)), want)
         del runs
     assert xp.tables.made == 1 and xp.tables.lent == 0  # every request planned in that table

@@ -268,10 +268,12 @@ class TransferPlan:
             return
         sp, dp = self.src_plan, self.dst_plan
         ns, nd = sp.block_size, dp.block_size
-        # the largest table a request of up to num_tokens tokens asks for (starts inside a block
-        # add a chunk a side), faulted in whole; and one pass of the planner into it, so its
-        # first call's costs (the op's dispatch, its code) are not the first request's either
-        self.tables.reserve(self._runs_bound(num_tokens, ns - 1, nd - 1) * 6 * 8)
+        # the largest table a request of up to num_tokens tokens asks for, whatever its starts
+        # (each inside a block, not in step: a chunk per block a side), faulted in whole; and
+        # one pass of the planner into it, so its first call's costs (the op's dispatch, its
+        # code) are not the first request's either
+        most = (-(-(ns - 1 + num_tokens) // ns) + -(-(nd - 1 + num_tokens) // nd) - 1)
+        self.tables.reserve(most * self._adds_per_chunk * 6 * 8)
         if sp.num_blocks and dp.num_blocks:
             runs = self.tables.int64(self._runs_bound(num_tokens, 0, 0), 6)
             zeros_s = torch.zeros(-(-num_tokens // ns), dtype=torch.int64)

@@ -8,8 +8,8 @@ VM's planning for a pass that takes 0.3 ms on memory touched before. A pool lend
 already holds instead, and takes it back when the last tensor on it is gone: the tensor is made
 by torch.frombuffer over a memoryview of the slab, which the tensor's storage holds until it is
 freed, so the memoryview's finalizer runs exactly then (whatever views of the table, numpy
-arrays over it or other threads still hold it, the slab is not lent twice). A slab is an
-anonymous mmap: its pages are faulted in by the first table written there, only as far as that
+arrays over it or other threads still hold it, the slab is not lent twice). A slab is a
+private anonymous mmap: its pages are faulted in by the first table written there, only as far as that
 table's rows go (token_runs lends a table of the most rows a request can take and writes the
 rows it keeps), and stay in for every later one; reserve() faults a whole slab in at once.
 Torch and the standard library only: `import kvcache_ext` needs nothing else."""
@@ -31,7 +31,9 @@ class TablePool:
 
     def __init__(self, keep: int = 4, keep_bytes: int = 32 << 20) -> None:
         self.keep, self.keep_bytes = keep, keep_bytes
-        self._lock = threading.Lock()
+        # reentrant: a slab comes back from a finalizer, which a garbage collection that an
+        # allocation under the lock sets off may run on this very thread
+        self._lock = threading.RLock()
         self._free: list[mmap.mmap] = []
         self.lent = 0     # slabs lent now
         self.made = 0     # slabs made (each fresh one faults its pages in once)
@@ -49,10 +51,12 @@ class TablePool:
 
     def reserve(self, nbytes: int) -> None:
         """A slab of at least nbytes faulted in now and kept (a consumer's first request then
-        plans on warm memory too)."""
+        plans on warm memory too): keep_bytes grows to hold it if it must."""
         if nbytes < _POOLED_MIN:
             return
         slab = self._take(nbytes)
+        with self._lock:
+            self.keep_bytes = max(self.keep_bytes, len(slab))
         torch.frombuffer(slab, dtype=torch.uint8).fill_(0)
         self._give(slab)
 
@@ -69,7 +73,9 @@ class TablePool:
                 self.made += 1
             self.lent += 1
         if slab is None:
-            slab = mmap.mmap(-1, -(-nbytes // _SLAB_ALIGN) * _SLAB_ALIGN)  # no page touched yet
+            # private anonymous memory (not shared with a forked child): no page touched yet
+            slab = mmap.mmap(-1, -(-nbytes // _SLAB_ALIGN) * _SLAB_ALIGN,
+                             flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         return slab
 
     def _give(self, slab: mmap.mmap) -> None:
