@@ -110,6 +110,8 @@ def test_pack_plans_are_made_once_per_block_count_and_are_packed_read(monkeypatc
     monkeypatch.setattr(kvc_pack, "packed_read", lambda *a: made.append(a) or real(*a))
     assert mine.get(cons, 4 * 8, 32, 333)[1] is xp and made == []  # a hit plans nothing
     assert mine.get(cons, 0, 40, 333)[1] is not xp and len(made) == 1  # 5 blocks: a miss
+    pr5, xp5 = mine.get(cons, 4, 32, 333)  # 32 tokens from inside a block: 5 blocks as well
+    assert pr5.plan.num_blocks == 5 and xp5 is not xp and len(made) == 1
     monkeypatch.undo()
     assert mine.get(cons, 0, 32, 64)[1] is not xp  # another part size: other bounds
     assert mine.get(cons, 0, 37, 333)[1] is not xp  # 5 blocks
