@@ -171,15 +171,18 @@ def errors_since(logs: list[str], seen: list[int], keep: int = 4) -> list[str]:
         try:
             with open(path, "rb") as fh:
                 fh.seek(seen[i])
-                text = fh.read().decode(errors="replace")
-                seen[i] = fh.tell()
+                data = fh.read()
         except OSError:
             continue
+        data = data[:data.rfind(b"\n") + 1]  # whole lines: one being written is read next time
+        seen[i] += len(data)
         who = ("prefill", "decode")[i] if len(logs) == 2 else str(i)
-        for line in text.splitlines():
+        for line in data.decode(errors="replace").splitlines():
             msg = line.split("] ", 1)[1] if "] " in line else line  # after vLLM's prefix
-            if ((" ERROR " in line and msg[:1] not in (" ", "\t") and msg != "Traceback (most "
-                 "recent call last):") or ("KvcacheExtConnector" in msg and "failed" in msg)):
+            traceback = msg[:1] in ("", " ", "\t") or msg.startswith(
+                ("Traceback (most recent call last)", "The above exception", "During handling"))
+            if ((" ERROR " in line and not traceback)
+                    or ("KvcacheExtConnector" in msg and "failed" in msg)):
                 entry = f"{who}: {msg.strip()[:300]}"
                 if entry not in found and len(found) < keep:
                     found.append(entry)
