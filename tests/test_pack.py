@@ -106,8 +106,8 @@ def test_pack_plans_are_made_once_per_block_count_and_are_packed_read(monkeypatc
     pr2, xp2 = mine.get(cons, 0, 32, 333)  # 4 blocks again: the same plans
     assert xp2 is xp and pr2 == packed_read(cons, 0, 32, 333)
     made = []
-    real = kvc_pack.packed_read
-    monkeypatch.setattr(kvc_pack, "packed_read", lambda *a: made.append(a) or real(*a))
+    real = kvc_pack._packed_read  # what a miss makes (its arguments checked once, by get)
+    monkeypatch.setattr(kvc_pack, "_packed_read", lambda *a: made.append(a) or real(*a))
     assert mine.get(cons, 4 * 8, 32, 333)[1] is xp and made == []  # a hit plans nothing
     assert mine.get(cons, 0, 40, 333)[1] is not xp and len(made) == 1  # 5 blocks: a miss
     pr5, xp5 = mine.get(cons, 4, 32, 333)  # 32 tokens from inside a block: 5 blocks as well
@@ -137,3 +137,30 @@ def test_pack_plans_are_made_once_per_block_count_and_are_packed_read(monkeypatc
         theirs.get(cons, 0, 0)
     with pytest.raises(TypeError, match="own must be a CachePlan"):
         PackPlans("plan", own_is_src=True)
+
+
+def test_a_consumers_reserve_warms_the_table_of_every_packed_read_up_to_its_length(monkeypatch):
+    cons = kvc.plan_cache(SPECS, 3000, 8, "LBHNC")
+    mine = PackPlans(cons, own_is_src=False)
+    passes = []
+    real = kvc_pack.TransferPlan.reserve_runs
+    monkeypatch.setattr(kvc_pack.TransferPlan, "reserve_runs",
+                        lambda self, n: passes.append(n) or real(self, n))
+    mine.reserve(20000)
+    assert passes == [20000] and mine.tables.made == 1
+    g = torch.Generator().manual_seed(5)
+    # shorter, then as long, from a block's first token and from inside one (one block more):
+    # without the reservation the first would make a slab too small for the last
+    for start, count in ((5, 12345), (0, 9000), (0, 20000), (7, 19999)):
+        pr, xp = mine.get(cons, start, count)
+        dst = torch.randperm(3000, generator=g)[:-(-(start + count) // 8)]
+        runs = xp.token_runs(pr.table(), dst, count, start, start)
+        assert runs.numel() * 8 >= 64 << 10  # pooled, not a small heap table
+        del runs
+    assert mine.tables.made == 1 and mine.tables.lent == 0  # all planned in the reserved slab
+    mine.reserve(0)
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="num_tokens must be an int >= 0"):
+            mine.reserve(bad)
+    with pytest.raises(ValueError, match="reserve is a consumer's"):
+        PackPlans(cons, own_is_src=True).reserve(100)

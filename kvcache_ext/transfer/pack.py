@@ -83,6 +83,10 @@ def packed_read(dst_plan: CachePlan, start: int, count: int,
                 part_bytes: int = PACK_PART_BYTES) -> PackedRead:
     """The packed form of tokens start .. start + count - 1 for a consumer of plan dst_plan."""
     _check_read(dst_plan, start, count, part_bytes)
+    return _packed_read(dst_plan, start, count, part_bytes)
+
+
+def _packed_read(dst_plan: CachePlan, start: int, count: int, part_bytes: int) -> PackedRead:
     bs = dst_plan.block_size
     plan = plan_cache(list(dst_plan.specs), _blocks(bs, start, count), bs,
                       pack_layout(dst_plan.layout))
@@ -123,7 +127,7 @@ class PackPlans:
             if made is not None:
                 self._made.move_to_end(key)
         if made is None:
-            pr = packed_read(dst_plan, start, count, part_bytes)
+            pr = _packed_read(dst_plan, start, count, part_bytes)  # checked above
             xplan = (TransferPlan(self.own, pr.plan) if self.own_is_src
                      else TransferPlan(pr.plan, self.own))
             xplan.tables = self.tables  # one pool for all lengths
@@ -133,6 +137,18 @@ class PackPlans:
                 while len(self._made) > self.keep:
                     self._made.popitem(last=False)
         return PackedRead(made[0], start, count, made[1]), made[2]
+
+    def reserve(self, num_tokens: int) -> None:
+        """A consumer's: fault in now the runs table of a packed read of up to num_tokens
+        tokens (TransferPlan.reserve_runs in the pool every length shares), so its first
+        packed request plans on warm memory, as its plain reads do after the handshake."""
+        if self.own_is_src:
+            raise ValueError("a producer's packed plans depend on each consumer's plan: "
+                             "reserve is a consumer's (own_is_src False)")
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        if num_tokens:
+            self.get(self.own, 0, num_tokens)[1].reserve_runs(num_tokens)
 
 
 def pieces_of(f: np.ndarray) -> np.ndarray:

@@ -246,17 +246,19 @@ class TransferPlan:
         _ops.plan_token_runs(*args, runs, count)
         return runs[:int(count)]
 
-    def _runs_bound(self, num_tokens: int, src_start: int, dst_start: int) -> int:
+    def _runs_bound(self, num_tokens: int, src_start: int | None = None,
+                    dst_start: int | None = None) -> int:
         """The most runs token_runs can give: a piece per chunk of tokens (a stretch inside one
         block on both sides: as many as the blocks each side touches, less one, or one a block
         where the block sizes and starts agree) per move, layer, head and part; merging only
-        makes fewer."""
+        makes fewer. A start of None: whatever that start (inside a block, not in step)."""
         ns, nd = self.src_plan.block_size, self.dst_plan.block_size
-        src_blocks = -(-(src_start % ns + num_tokens) // ns)
-        dst_blocks = -(-(dst_start % nd + num_tokens) // nd)
-        aligned = ns == nd and src_start % ns == dst_start % nd
-        chunks = src_blocks if aligned else src_blocks + dst_blocks - 1
-        return chunks * self._adds_per_chunk
+        # the most blocks each side touches: from inside a block (its last token) when unknown
+        src_blocks = -(-((ns - 1 if src_start is None else src_start % ns) + num_tokens) // ns)
+        dst_blocks = -(-((nd - 1 if dst_start is None else dst_start % nd) + num_tokens) // nd)
+        aligned = (src_start is not None and dst_start is not None and ns == nd
+                   and src_start % ns == dst_start % nd)
+        return (src_blocks if aligned else src_blocks + dst_blocks - 1) * self._adds_per_chunk
 
     def reserve_runs(self, num_tokens: int) -> None:
         """Fault in now the table token_runs of up to num_tokens tokens needs (a request's
@@ -268,12 +270,10 @@ class TransferPlan:
             return
         sp, dp = self.src_plan, self.dst_plan
         ns, nd = sp.block_size, dp.block_size
-        # the largest table a request of up to num_tokens tokens asks for, whatever its starts
-        # (each inside a block, not in step: a chunk per block a side), faulted in whole; and
-        # one pass of the planner into it, so its first call's costs (the op's dispatch, its
-        # code) are not the first request's either
-        most = (-(-(ns - 1 + num_tokens) // ns) + -(-(nd - 1 + num_tokens) // nd) - 1)
-        self.tables.reserve(most * self._adds_per_chunk * 6 * 8)
+        # the largest table a request of up to num_tokens tokens asks for, whatever its starts,
+        # faulted in whole; and one pass of the planner into it, so its first call's costs
+        # (the op's dispatch, its code) are not the first request's either
+        self.tables.reserve(self._runs_bound(num_tokens) * 6 * 8)
         if sp.num_blocks and dp.num_blocks:
             runs = self.tables.int64(self._runs_bound(num_tokens, 0, 0), 6)
             zeros_s = torch.zeros(-(-num_tokens // ns), dtype=torch.int64)

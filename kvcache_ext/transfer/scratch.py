@@ -9,9 +9,10 @@ already holds instead, and takes it back when the last tensor on it is gone: the
 by torch.frombuffer over a memoryview of the slab, which the tensor's storage holds until it is
 freed, so the memoryview's finalizer runs exactly then (whatever views of the table, numpy
 arrays over it or other threads still hold it, the slab is not lent twice). A slab is a
-private anonymous mmap: its pages are faulted in by the first table written there, only as far as that
-table's rows go (token_runs lends a table of the most rows a request can take and writes the
-rows it keeps), and stay in for every later one; reserve() faults a whole slab in at once.
+private anonymous mmap: its pages are faulted in by the first table written there, only as far
+as that table's rows go (token_runs lends a table of the most rows a request can take and
+writes the rows it keeps), and stay in for every later one; reserve() faults a whole slab in
+at once.
 Torch and the standard library only: `import kvcache_ext` needs nothing else."""
 from __future__ import annotations
 

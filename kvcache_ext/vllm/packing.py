@@ -149,13 +149,22 @@ class PackBuffer:
             self._packed(rid, at)
 
 
+def packed_tokens_max(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer) -> int:
+    """The longest prompt (from a block's first token) a packed read from this producer takes:
+    its pack buffer's worth of this engine's blocks; 0 where none applies (the same block size,
+    a grouped cache on either side, no pack buffer)."""
+    if (not peer.exposed_nbytes or not isinstance(peer.plan, CachePlan)
+            or not isinstance(ep.plan, CachePlan) or peer.plan.block_size == ep.plan.block_size):
+        return 0
+    return peer.exposed_nbytes // ep.plan.block_stride * ep.plan.block_size
+
+
 def pack_ask(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, block_ids, start: int, count: int,
              part_bytes: int = PACK_PART_BYTES, plans: PackPlans | None = None) -> dict | None:
     """What a consumer asks its producer to pack, where a packed read applies: another block
     size, one cache plan on each side, and the packed prompt fits the producer's pack buffer.
     plans: the consumer's PackPlans into ep.plan (kept by the caller: made once per length)."""
-    if (not peer.exposed_nbytes or count == 0 or not isinstance(peer.plan, CachePlan)
-            or not isinstance(ep.plan, CachePlan) or peer.plan.block_size == ep.plan.block_size):
+    if count == 0 or not packed_tokens_max(ep, peer):
         return None
     plans = plans or PackPlans(ep.plan, own_is_src=False)
     if plans.get(ep.plan, start, count, part_bytes)[0].nbytes > peer.exposed_nbytes:

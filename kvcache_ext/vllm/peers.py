@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 
 from .. import nixl as kvc_nixl
+from ..transfer.pack import PackPlans
+from .packing import packed_tokens_max
 from .protocol import Remote
 from .side_channel import call
 
@@ -17,10 +19,13 @@ class LoadError(RuntimeError):
 class Producers:
     """layer_names: this engine's (a producer with others is refused). reserve_tokens: > 0 makes
     the plan pair with each new producer at its handshake and faults in a runs table of that
-    many tokens (TransferPlan.reserve_runs); 0 for a grouped cache (its reads plan spans)."""
+    many tokens (TransferPlan.reserve_runs); 0 for a grouped cache (its reads plan spans).
+    packs: the consumer's packed reads (set once its cache is known): with a producer that
+    packs for it, their runs table is faulted in at the handshake too."""
 
     def __init__(self, layer_names: list[str], reserve_tokens: int = 0) -> None:
         self.layer_names, self.reserve_tokens = layer_names, reserve_tokens
+        self.packs: PackPlans | None = None
         self._peers: dict[tuple[str, int], tuple[str, str, kvc_nixl.Peer]] = {}
         self._lock = threading.Lock()
 
@@ -50,6 +55,9 @@ class Producers:
                     added = known[2]
             if added is not None and self.reserve_tokens:  # made once, not in a read's plan_s
                 ep.transfer_plan(added).reserve_runs(self.reserve_tokens)
+                packed = packed_tokens_max(ep, added) if self.packs is not None else 0
+                if packed:
+                    self.packs.reserve(min(packed, self.reserve_tokens))
         engine_id, instance, peer = known
         if engine_id != r.engine_id:
             raise LoadError(f"the producer at {r.host}:{r.port} is engine {engine_id!r}, the "

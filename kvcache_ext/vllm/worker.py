@@ -93,7 +93,7 @@ class WorkerSide:
         if pack:
             self.pack = PackBuffer(self.ep.exposed)
         if self.vplan is None:
-            self.pack_plans = PackPlans(cache.plan, own_is_src=False)
+            self.pack_plans = self.producers.packs = PackPlans(cache.plan, own_is_src=False)
         self.server = Server(self.cfg.host(), self.cfg.port(self.dp_index), self._serve)
         log.info("KvcacheExtConnector: %s, side channel %s:%d", cache.plan.layout, self.server.host,
                  self.server.port)

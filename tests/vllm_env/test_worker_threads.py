@@ -83,6 +83,32 @@ def test_a_restarted_producer_replaces_its_peer_once(monkeypatch):
     assert ws.ep.reserved == [4096, 4096]  # a longest prompt's runs table, once per producer
 
 
+def test_a_producer_that_packs_gets_the_packed_reads_table_reserved_too(monkeypatch):
+    """With a producer of another block size and a pack buffer, the handshake also faults in
+    the packed reads' runs table: for the longest prompt that buffer holds, or max_model_len's
+    if less; with one of the same block size (plain reads only) it does not."""
+    import kvcache_ext as kvc
+
+    spec = [kvc.CacheSpec("kv", 16, 2, 4)]
+    own = kvc.plan_cache(spec, 256, 32, "LBHNC")  # 4 KiB a block
+    peers = {"unlike": (kvc.plan_cache(spec, 256, 64, "LBHNC"), 100 * own.block_stride),
+             "roomy": (kvc.plan_cache(spec, 256, 64, "LBHNC"), 1 << 30),
+             "like": (kvc.plan_cache(spec, 256, 32, "LBHNC"), 1 << 30),
+             "no buffer": (kvc.plan_cache(spec, 256, 64, "LBHNC"), 0)}
+    ws = consumer(monkeypatch, lambda host, port, m: meta(host, "1"))
+    ws.ep.plan = own
+    ws.ep.add_peer = lambda blob: NS(plan=peers[blob.decode()[:-2]][0],
+                                     exposed_nbytes=peers[blob.decode()[:-2]][1])
+    packed: list[int] = []
+    ws.producers.packs = NS(reserve=packed.append)
+    for host in ("unlike", "roomy", "like", "no buffer"):
+        r = remote(host, "1", engine=host)
+        ws._peer(r, 1.0)
+        ws._peer(r, 1.0)  # known: nothing reserved again
+    assert packed == [100 * 32, 4096]
+    assert ws.ep.reserved == [4096] * 4  # every producer's plain plan pair, as before
+
+
 def test_a_silent_producer_holds_up_no_other_read(monkeypatch):
     """One producer does not answer its side channel; a read from another producer goes on
     meanwhile (the lock over the known peers used to be held across the call)."""
