@@ -179,9 +179,9 @@ def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Ten
     """Read each part of the prompt into place as the producer reports it packed (packed: its
     first reply's offset, bytes and part size; replies: the side channel's stream after that
     reply, each wait bounded by the read's deadline; left(): seconds left to it).
-    -> (what it did, the runs it read: their destinations are the rows written). Raises, with
-    every posted part cancelled, if the producer fails, stops or is late; closes `replies`.
-    plans: as pack_ask's."""
+    -> (what it did, the runs it read: sources in the exposed buffer, destinations the rows
+    written). Raises, with every posted part cancelled, if the producer fails, stops or is
+    late; closes `replies`. plans: as pack_ask's."""
     handle = None
     try:
         t, c = time.perf_counter(), time.thread_time()
@@ -192,8 +192,7 @@ def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Ten
                                f"{pr.nbytes} B")
         runs = xplan.token_runs(pr.table(), dst_table, count, start, start)
         at = int(packed["offset"])
-        src = runs.clone()
-        src[:, 0] += at
+        runs[:, 0] += at  # the sources in the producer's exposed buffer (runs is this read's)
         plan_s, plan_cpu_s = time.perf_counter() - t, time.thread_time() - c
         seen, waited, pack_s, first_wait = [-1], [0.0], [0.0], [0.0]
 
@@ -208,7 +207,7 @@ def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Ten
             waited[0] += time.perf_counter() - tw
             if p == 0:  # waited inside the first part's build: pack_wait_s, not build_s
                 first_wait[0] = waited[0]
-        handle = ep.read_exposed(peer, src, [b + at for b in pr.bounds], ready)
+        handle = ep.read_exposed(peer, runs, [b + at for b in pr.bounds], ready)
         handle.wait(left())
         if seen[0] < pr.parts - 1:  # parts of no bytes at the end: their notices, for pack_s
             ready(pr.parts - 1)

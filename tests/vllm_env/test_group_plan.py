@@ -162,3 +162,26 @@ def test_the_connector_builds_the_plan_once_and_the_worker_keeps_it(monkeypatch)
     assert ws.vplan is vp and ws.producers.reserve_tokens == 0  # grouped: reads plan spans
     one = SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["a"], kv_cache_spec=None)])
     assert check_supported(cfg, one) is None
+
+
+def test_the_connector_class_hands_its_checked_plan_to_its_worker(monkeypatch):
+    """Through KvcacheExtConnector itself (the worker role, as vLLM makes it): the plan its
+    check built is the one its worker half keeps, built once in all."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from kvcache_ext.vllm import group_plan as G
+    from kvcache_ext.vllm import worker as W
+    from kvcache_ext.vllm.connector import KvcacheExtConnector
+    built = []
+    monkeypatch.setattr(G, "group_plan_of", lambda kv: built.append(kv) or group_plan_of(kv))
+    monkeypatch.setattr(W, "group_plan_of", lambda kv: pytest.fail("built again"))
+    tc = SimpleNamespace(engine_id="e", kv_connector_extra_config={}, is_kv_consumer=True)
+    cfg = SimpleNamespace(cache_config=SimpleNamespace(cache_dtype="auto"),
+                          parallel_config=SimpleNamespace(tensor_parallel_size=1,
+                                                          pipeline_parallel_size=1),
+                          kv_transfer_config=tc, model_config=SimpleNamespace(max_model_len=4096))
+    kv = config()
+    conn = KvcacheExtConnector(cfg, KVConnectorRole.WORKER, kv)
+    assert conn.scheduler is None and len(built) == 1 and built[0] is kv
+    assert conn.worker.vplan is not None and conn.worker.vplan.plan == group_plan_of(kv).plan
+    assert conn.worker.producers.reserve_tokens == 0

@@ -60,9 +60,21 @@ def test_a_pack_stream_read_by_the_consumer_lands_the_direct_moves_bytes(blocks,
         assert stats.path == "packed" and stats.parts > 1 and stats.pack_s > 0
         assert stats.bytes == count * SPEC.row_bytes * SPEC.num_layers * SPEC.num_heads
         want = kvc.allocate(cons.plan, fill=0xFF)
-        kvc.copy_spans(prod.cache, want, kvc.TransferPlan(prod.plan, cons.plan).token_spans(
-            src_table, dst_table, count, start, start))
+        spans = kvc.TransferPlan(prod.plan, cons.plan).token_spans(src_table, dst_table, count,
+                                                                   start, start)
+        kvc.copy_spans(prod.cache, want, spans)
         assert torch.equal(cons.cache.buffer, want.buffer)
+        # the runs it returns: their destinations are the rows written (what a failed read's
+        # clean-up and the tests' corruption use), their sources in the producer's buffer
+        def rows(s: torch.Tensor) -> torch.Tensor:
+            mask = torch.zeros(cons.plan.total_bytes, dtype=torch.bool)
+            for d, n in s[:, 1:].tolist():
+                mask[d:d + n] = True
+            return mask
+        got = kvc.spans_of_runs(runs)
+        assert torch.equal(rows(got), rows(spans))
+        assert got[:, 0].min() >= first["packed"]["offset"]
+        assert (got[:, 0] + got[:, 2]).max() <= first["packed"]["offset"] + first["packed"]["bytes"]
         assert pb.lent()["req"][1] == first["packed"]["bytes"]  # lent until released
         pb.free("req")
         assert pb.lent() == {}
