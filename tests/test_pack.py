@@ -142,12 +142,21 @@ def test_pack_plans_are_made_once_per_block_count_and_are_packed_read(monkeypatc
 def test_a_consumers_reserve_warms_the_table_of_every_packed_read_up_to_its_length(monkeypatch):
     cons = kvc.plan_cache(SPECS, 3000, 8, "LBHNC")
     mine = PackPlans(cons, own_is_src=False)
-    passes = []
-    real = kvc_pack.TransferPlan.reserve_runs
+    passes, planned = [], []
+    real, real_runs = kvc_pack.TransferPlan.reserve_runs, kvc_pack.TransferPlan.token_runs
     monkeypatch.setattr(kvc_pack.TransferPlan, "reserve_runs",
-                        lambda self, n: passes.append(n) or real(self, n))
+                        lambda self, n, **kw: passes.append((n, kw)) or real(self, n, **kw))
+    monkeypatch.setattr(kvc_pack.TransferPlan, "token_runs",
+                        lambda self, *a: planned.append(a[2]) or real_runs(self, *a))
     mine.reserve(20000)
-    assert passes == [20000] and mine.tables.made == 1
+    assert passes == [(20000, {"in_step": True})] and mine.tables.made == 1
+    assert planned and planned[0] <= 8  # one read planned ahead, of a block's tokens
+    # sized for reads whose starts agree within a block (a packed read's): about half the
+    # table of unknown starts
+    xp = mine.get(cons, 0, 20000)[1]
+    assert mine.tables.faulted == -(-xp._runs_bound(20000, in_step=True) * 48 // (64 << 10)) * (
+        64 << 10)
+    assert 2 * mine.tables.faulted > xp._runs_bound(20000) * 48 > 1.9 * mine.tables.faulted
     g = torch.Generator().manual_seed(5)
     # shorter, then as long, from a block's first token and from inside one (one block more):
     # without the reservation the first would make a slab too small for the last
@@ -158,6 +167,9 @@ def test_a_consumers_reserve_warms_the_table_of_every_packed_read_up_to_its_leng
         assert runs.numel() * 8 >= 64 << 10  # pooled, not a small heap table
         del runs
     assert mine.tables.made == 1 and mine.tables.lent == 0  # all planned in the reserved slab
+    faulted = mine.tables.faulted
+    mine.reserve(20000)  # another producer's handshake: the slab is in already
+    assert mine.tables.faulted == faulted and mine.tables.made == 1
     mine.reserve(0)
     for bad in (-1, 2.0, True):
         with pytest.raises(ValueError, match="num_tokens must be an int >= 0"):

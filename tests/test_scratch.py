@@ -134,3 +134,29 @@ def test_reserve_runs_takes_a_token_count():
             xp.reserve_runs(bad)
     xp.reserve_runs(0)
     assert xp.tables.made == 0
+
+
+def test_reserve_runs_faults_in_at_most_reserve_bytes_and_longer_prompts_still_plan(monkeypatch):
+    """A long max_model_len on a large model would reserve GBs: at most RESERVE_BYTES are
+    faulted in, and a prompt past them plans right in a table of its own."""
+    whole = _pair(32, 64)
+    whole.reserve_runs(8192)
+    need = whole._runs_bound(8192) * 48
+    assert whole.tables.faulted >= need > 512 << 10  # under the cap: all of it
+    monkeypatch.setattr(kvc_plan, "RESERVE_BYTES", 256 << 10)
+    capped = _pair(32, 64)
+    capped.reserve_runs(8192)
+    assert 0 < capped.tables.faulted <= (256 << 10) + (64 << 10)  # a slab's alignment over
+    short = 8192 * (256 << 10) // need - 64  # a prompt whose table fits: the reserved slab
+    g = torch.Generator().manual_seed(9)
+    for count in (short, 8192):
+        st = torch.randperm(capped.src_plan.num_blocks, generator=g)[:-(-(17 + count) // 32)]
+        dt = torch.randperm(capped.dst_plan.num_blocks, generator=g)[:-(-(5 + count) // 64)]
+        runs = capped.token_runs(st, dt, count, 17, 5)
+        want = capped.token_spans(st, dt, count, 17, 5)
+        assert torch.equal(kvc.merge_spans(*kvc.spans_of_runs(runs).unbind(1)), want)
+        del runs
+        assert capped.tables.made == (1 if count == short else 2)
+    faulted = whole.tables.faulted
+    whole.reserve_runs(8192)  # again (another producer of this pair): in already
+    assert whole.tables.faulted == faulted and whole.tables.made == 1

@@ -150,9 +150,11 @@ class PackPlans:
             raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
         if num_tokens:
             pr, xplan = self.get(self.own, 0, num_tokens)
-            xplan.reserve_runs(num_tokens)
-            blocks = torch.zeros(_blocks(self.own.block_size, 0, num_tokens), dtype=torch.int64)
-            xplan.token_runs(pr.table(), blocks, num_tokens)
+            xplan.reserve_runs(num_tokens, in_step=True)  # a packed read's starts agree
+            # the planning's first calls (the table, the checks, the op): one block's tokens
+            bs = self.own.block_size
+            xplan.token_runs(pr.table()[:1], torch.zeros(1, dtype=torch.int64),
+                             min(num_tokens, bs))
 
 
 def pieces_of(f: np.ndarray) -> np.ndarray:

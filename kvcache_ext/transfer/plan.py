@@ -32,10 +32,12 @@ import torch
 
 from ..plan import CachePlan
 from ..ops.library import ops as _ops
+from .checks import check_counts, check_pairs, check_table, table_form
 from .scratch import TablePool
 from .spans import merge_spans, runs_of_spans
 
 Range = tuple[int, int, int]  # (src_first, dst_first, count)
+RESERVE_BYTES = 64 << 20  # the most reserve_runs faults in (a 70B model's 128k prompt: GBs)
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,7 @@ class TransferPlan:
                              f"(src_plan) and {self.dst_plan.block_size} (dst_plan): use "
                              f"TransferPlan.token_spans(src_block_table, dst_block_table, "
                              f"num_tokens) for different block sizes")
-        pairs = _check_pairs(block_pairs, arg, self.src_plan.num_blocks, self.dst_plan.num_blocks)
+        pairs = check_pairs(block_pairs, arg, self.src_plan.num_blocks, self.dst_plan.num_blocks)
         n = self.src_plan.block_size
         zeros = torch.zeros(pairs.shape[0], dtype=torch.int64)
         return self._spans(pairs[:, 0], pairs[:, 1], zeros, zeros,
@@ -190,16 +192,13 @@ class TransferPlan:
         """int64 [S, 3] moving tokens src_start .. src_start + num_tokens - 1 of a request (block
         table `src_block_table`, int32 [M]) to dst_start .. of `dst_block_table`. Any block
         sizes: the tokens move in runs that break at the block boundaries of either side."""
-        for arg, v in (("num_tokens", num_tokens), ("src_start", src_start),
-                       ("dst_start", dst_start)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{arg} must be an int >= 0, got {v!r}")
+        check_counts(num_tokens=num_tokens, src_start=src_start, dst_start=dst_start)
         ns, nd = self.src_plan.block_size, self.dst_plan.block_size
         if num_tokens == 0:
             return torch.zeros(0, 3, dtype=torch.int64)
-        src_table = _check_table(src_block_table, "src_block_table", src_start, num_tokens, ns,
+        src_table = check_table(src_block_table, "src_block_table", src_start, num_tokens, ns,
                                  self.src_plan.num_blocks)
-        dst_table = _check_table(dst_block_table, "dst_block_table", dst_start, num_tokens, nd,
+        dst_table = check_table(dst_block_table, "dst_block_table", dst_start, num_tokens, nd,
                                  self.dst_plan.num_blocks)
         # chunk starts (token index i of the request): 0 and every block start of either side
         first_s = (-src_start) % ns
@@ -223,18 +222,15 @@ class TransferPlan:
         (csrc/ops/plan_runs.cpp) without a list of pieces: e.g. one run of the channels of a
         channel-major part per chunk of tokens. Any block sizes; the same checks as
         token_spans. merge_spans(spans_of_runs(runs)) == token_spans(...)."""
-        for arg, v in (("num_tokens", num_tokens), ("src_start", src_start),
-                       ("dst_start", dst_start)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{arg} must be an int >= 0, got {v!r}")
+        check_counts(num_tokens=num_tokens, src_start=src_start, dst_start=dst_start)
         if num_tokens == 0:
             return torch.zeros(0, 6, dtype=torch.int64)
         sp, dp = self.src_plan, self.dst_plan
         ns, nd = sp.block_size, dp.block_size
         # the op checks the entries the tokens use (IndexError naming the entry): here only the
         # form, so a request's planning stays a few torch calls
-        src_table = _table_form(src_block_table, "src_block_table", src_start, num_tokens, ns)
-        dst_table = _table_form(dst_block_table, "dst_block_table", dst_start, num_tokens, nd)
+        src_table = table_form(src_block_table, "src_block_table", src_start, num_tokens, ns)
+        dst_table = table_form(dst_block_table, "dst_block_table", dst_start, num_tokens, nd)
         args = (self.move_table, src_table, dst_table, ns, nd, sp.num_blocks, dp.num_blocks,
                 num_tokens, src_start, dst_start)
         # one pass, into a table of the most rows it can take, lent by self.tables: memory an
@@ -247,33 +243,35 @@ class TransferPlan:
         return runs[:int(count)]
 
     def _runs_bound(self, num_tokens: int, src_start: int | None = None,
-                    dst_start: int | None = None) -> int:
+                    dst_start: int | None = None, in_step: bool = False) -> int:
         """The most runs token_runs can give: a piece per chunk of tokens (a stretch inside one
         block on both sides: as many as the blocks each side touches, less one, or one a block
         where the block sizes and starts agree) per move, layer, head and part; merging only
-        makes fewer. A start of None: whatever that start (inside a block, not in step)."""
+        makes fewer. A start of None: whatever that start (inside a block); in_step: starts
+        that agree within a block whatever they are (a packed read's)."""
         ns, nd = self.src_plan.block_size, self.dst_plan.block_size
         # the most blocks each side touches: from inside a block (its last token) when unknown
         src_blocks = -(-((ns - 1 if src_start is None else src_start % ns) + num_tokens) // ns)
         dst_blocks = -(-((nd - 1 if dst_start is None else dst_start % nd) + num_tokens) // nd)
-        aligned = (src_start is not None and dst_start is not None and ns == nd
-                   and src_start % ns == dst_start % nd)
+        aligned = ns == nd and (in_step or (src_start is not None and dst_start is not None
+                                            and src_start % ns == dst_start % nd))
         return (src_blocks if aligned else src_blocks + dst_blocks - 1) * self._adds_per_chunk
 
-    def reserve_runs(self, num_tokens: int) -> None:
-        """Fault in now the table token_runs of up to num_tokens tokens needs (a request's
-        start inside a block adds at most one chunk a side: counted with room for it), so the
-        first request plans as fast as the next ones: what an engine calls once per producer."""
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
-        if num_tokens == 0:
-            return
+    def reserve_runs(self, num_tokens: int, in_step: bool = False) -> None:
+        """Fault in now the table token_runs of up to num_tokens tokens needs, whatever their
+        starts (in_step: see _runs_bound), and run the planner once, so the first request plans
+        as fast as the next ones (its first call's costs too): what an engine calls once per
+        producer. At most RESERVE_BYTES: a longer prompt's table is a fresh one, faulted in as it
+        is written (about 0.25 ms a MiB on a 2-core EPYC), beside a transfer of far more bytes."""
+        check_counts(num_tokens=num_tokens)
         sp, dp = self.src_plan, self.dst_plan
         ns, nd = sp.block_size, dp.block_size
-        # the largest table a request of up to num_tokens tokens asks for, whatever its starts,
-        # faulted in whole; and one pass of the planner into it, so its first call's costs
-        # (the op's dispatch, its code) are not the first request's either
-        self.tables.reserve(self._runs_bound(num_tokens) * 6 * 8)
+        most = self._runs_bound(num_tokens, in_step=in_step) * 48 if num_tokens else 0
+        if most > RESERVE_BYTES:  # the prompts whose table fits
+            num_tokens = max(1, num_tokens * RESERVE_BYTES // most)
+        if num_tokens == 0:
+            return
+        self.tables.reserve(self._runs_bound(num_tokens, in_step=in_step) * 48)
         if sp.num_blocks and dp.num_blocks:
             runs = self.tables.int64(self._runs_bound(num_tokens, 0, 0), 6)
             zeros_s = torch.zeros(-(-num_tokens // ns), dtype=torch.int64)
@@ -345,55 +343,3 @@ class TransferPlan:
         s_tok, d_tok = torch.broadcast_tensors(s_tok, d_tok)
         return s_tok.reshape(-1), d_tok.reshape(-1), torch.full((s_tok.numel(),), unit,
                                                                 dtype=torch.int64)
-
-
-def _check_pairs(block_pairs: torch.Tensor, arg: str, src_blocks: int,
-                 dst_blocks: int) -> torch.Tensor:
-    if not isinstance(block_pairs, torch.Tensor) or block_pairs.dtype not in (torch.int64,
-                                                                              torch.int32):
-        raise TypeError(f"{arg} must be an int64 (or int32) tensor [M, 2]")
-    if block_pairs.dim() != 2 or block_pairs.shape[1] != 2:
-        raise ValueError(f"{arg} must be [M, 2] (src, dst), got shape "
-                         f"{tuple(block_pairs.shape)}")
-    pairs = block_pairs.to("cpu", torch.int64)
-    for col, side, n in ((0, "src", src_blocks), (1, "dst", dst_blocks)):
-        v = pairs[:, col]
-        bad = (v < 0) | (v >= n)
-        if bool(bad.any()):
-            i = int(torch.nonzero(bad)[0])
-            raise IndexError(f"{arg}[{i}, {col}] = {int(v[i])}: {side} block ids must be in "
-                             f"[0, num_blocks = {n})")
-    dst = pairs[:, 1]
-    values, counts = torch.unique(dst, return_counts=True)
-    if bool((counts > 1).any()):
-        b = int(values[counts > 1][0])
-        rows = torch.nonzero(dst == b).squeeze(1)[:2].tolist()
-        raise ValueError(f"{arg} rows {rows[0]} and {rows[1]} both copy into block {b}")
-    return pairs
-
-
-def _table_form(table: torch.Tensor, arg: str, start: int, num_tokens: int,
-                block_size: int) -> torch.Tensor:
-    """The block table as a contiguous int64 [M] CPU tensor, long enough for the tokens."""
-    if not isinstance(table, torch.Tensor) or table.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"{arg} must be an int32 (or int64) tensor [M]")
-    if table.dim() != 1:
-        raise ValueError(f"{arg} must be 1-D [M] (one request), got shape {tuple(table.shape)}")
-    last = (start + num_tokens - 1) // block_size
-    if last >= table.numel():
-        raise IndexError(f"{arg} has {table.numel()} entries, but tokens up to "
-                         f"{start + num_tokens - 1} (block size {block_size}) need {last + 1}")
-    return table.to("cpu", torch.int64).contiguous()
-
-
-def _check_table(table: torch.Tensor, arg: str, start: int, num_tokens: int, block_size: int,
-                 num_blocks: int) -> torch.Tensor:
-    """The block table as int64 [M] on the CPU; the blocks the tokens use must be in range."""
-    t = _table_form(table, arg, start, num_tokens, block_size)
-    last = (start + num_tokens - 1) // block_size
-    used = t[start // block_size:last + 1]
-    bad = (used < 0) | (used >= num_blocks)
-    if bool(bad.any()):
-        i = int(torch.nonzero(bad)[0]) + start // block_size
-        raise IndexError(f"{arg}[{i}] = {int(t[i])} is outside [0, num_blocks = {num_blocks})")
-    return t

@@ -36,8 +36,10 @@ class TablePool:
         # allocation under the lock sets off may run on this very thread
         self._lock = threading.RLock()
         self._free: list[mmap.mmap] = []
+        self._whole: set[int] = set()  # id() of the slabs alive that reserve() faulted in whole
         self.lent = 0     # slabs lent now
         self.made = 0     # slabs made (each fresh one faults its pages in once)
+        self.faulted = 0  # bytes reserve() faulted in
 
     def int64(self, rows: int, cols: int) -> torch.Tensor:
         """An uninitialised int64 [rows, cols] table."""
@@ -58,7 +60,11 @@ class TablePool:
         slab = self._take(nbytes)
         with self._lock:
             self.keep_bytes = max(self.keep_bytes, len(slab))
-        torch.frombuffer(slab, dtype=torch.uint8).fill_(0)
+            whole = id(slab) in self._whole  # a later producer's handshake: in already
+            self._whole.add(id(slab))
+        if not whole:
+            torch.frombuffer(slab, dtype=torch.uint8).fill_(0)
+            self.faulted += len(slab)
         self._give(slab)
 
     def _take(self, nbytes: int) -> mmap.mmap:
@@ -89,4 +95,6 @@ class TablePool:
                 if len(kept) < self.keep and total + len(s) <= self.keep_bytes:
                     kept.append(s)
                     total += len(s)
+                else:  # freed: its id may be another slab's next
+                    self._whole.discard(id(s))
             self._free = kept
