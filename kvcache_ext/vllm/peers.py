@@ -4,12 +4,15 @@ parameters on every read (engine id and instance: a restarted producer is anothe
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from .. import nixl as kvc_nixl
-from ..transfer.pack import PackPlans
 from .packing import packed_tokens_max
 from .protocol import Remote
 from .side_channel import call
+
+if TYPE_CHECKING:  # the consumer's packed plans come from its worker; only named here
+    from ..transfer.pack import PackPlans
 
 
 class LoadError(RuntimeError):
