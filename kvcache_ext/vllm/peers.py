@@ -24,7 +24,8 @@ class Producers:
     the plan pair with each new producer at its handshake and faults in a runs table of that
     many tokens (TransferPlan.reserve_runs); 0 for a grouped cache (its reads plan spans).
     packs: the consumer's packed reads (set once its cache is known): with a producer that
-    packs for it, their runs table is faulted in at the handshake too."""
+    packs for it, their runs table is faulted in at the handshake instead, and the plain one
+    only where some prompts are longer than its pack buffer holds."""
 
     def __init__(self, layer_names: list[str], reserve_tokens: int = 0) -> None:
         self.layer_names, self.reserve_tokens = layer_names, reserve_tokens
@@ -57,10 +58,11 @@ class Producers:
                     self._peers[key] = known
                     added = known[2]
             if added is not None and self.reserve_tokens:  # made once, not in a read's plan_s
-                ep.transfer_plan(added).reserve_runs(self.reserve_tokens)
                 packed = packed_tokens_max(ep, added) if self.packs is not None else 0
                 if packed:
                     self.packs.reserve(min(packed, self.reserve_tokens))
+                if packed < self.reserve_tokens:  # plain reads: the prompts it cannot pack
+                    ep.transfer_plan(added).reserve_runs(self.reserve_tokens)
         engine_id, instance, peer = known
         if engine_id != r.engine_id:
             raise LoadError(f"the producer at {r.host}:{r.port} is engine {engine_id!r}, the "

@@ -51,3 +51,17 @@ def test_the_handshake_reserves_the_packed_reads_table_of_a_producer_that_packs(
     finally:
         for ws in (cons, like, prod):
             ws.shutdown()
+
+
+def test_a_producer_that_packs_every_prompt_gets_no_plain_table():
+    # 16 MiB of 32-token blocks of 32 KiB: 16,384 tokens, max_model_len's: every read is packed
+    prod = worker("P64", 64, pack_mb=16.0)
+    cons = worker("D32", 32)
+    try:
+        peer = cons._peer(Remote(prod.server.host, prod.server.port, "P64", prod.instance, "r",
+                                 1, ((0,),), 1, 0.0), 10.0)
+        assert cons.pack_plans.tables.faulted > 0
+        assert cons.ep.transfer_plan(peer).tables.faulted == 0
+    finally:
+        for ws in (cons, prod):
+            ws.shutdown()
