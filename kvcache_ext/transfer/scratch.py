@@ -26,6 +26,11 @@ _POOLED_MIN = 64 << 10   # smaller tables come from the heap, touched before
 _SLAB_ALIGN = 64 << 10
 
 
+class _Slab(mmap.mmap):
+    """A slab and whether reserve() has faulted it in whole (then it is not filled again)."""
+    whole = False
+
+
 class TablePool:
     """Slabs of host memory lent as int64 tables: at most `keep` slabs, `keep_bytes` in all,
     are kept for reuse once returned (the rest are freed)."""
@@ -35,8 +40,7 @@ class TablePool:
         # reentrant: a slab comes back from a finalizer, which a garbage collection that an
         # allocation under the lock sets off may run on this very thread
         self._lock = threading.RLock()
-        self._free: list[mmap.mmap] = []
-        self._whole: set[int] = set()  # id() of the slabs alive that reserve() faulted in whole
+        self._free: list[_Slab] = []
         self.lent = 0     # slabs lent now
         self.made = 0     # slabs made (each fresh one faults its pages in once)
         self.faulted = 0  # bytes reserve() faulted in
@@ -60,14 +64,13 @@ class TablePool:
         slab = self._take(nbytes)
         with self._lock:
             self.keep_bytes = max(self.keep_bytes, len(slab))
-            whole = id(slab) in self._whole  # a later producer's handshake: in already
-            self._whole.add(id(slab))
+            whole, slab.whole = slab.whole, True  # a later producer's handshake: in already
         if not whole:
             torch.frombuffer(slab, dtype=torch.uint8).fill_(0)
             self.faulted += len(slab)
         self._give(slab)
 
-    def _take(self, nbytes: int) -> mmap.mmap:
+    def _take(self, nbytes: int) -> _Slab:
         with self._lock:
             # the smallest kept slab that holds the table and is not far larger
             most = max(8 * nbytes, nbytes + (8 << 20))
@@ -81,20 +84,18 @@ class TablePool:
             self.lent += 1
         if slab is None:
             # private anonymous memory (not shared with a forked child): no page touched yet
-            slab = mmap.mmap(-1, -(-nbytes // _SLAB_ALIGN) * _SLAB_ALIGN,
-                             flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            slab = _Slab(-1, -(-nbytes // _SLAB_ALIGN) * _SLAB_ALIGN,
+                         flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         return slab
 
-    def _give(self, slab: mmap.mmap) -> None:
+    def _give(self, slab: _Slab) -> None:
         # keep the largest slabs (a large one serves every smaller table), up to keep / keep_bytes
         with self._lock:
             self.lent -= 1
-            kept: list[mmap.mmap] = []
+            kept: list[_Slab] = []
             total = 0
             for s in sorted(self._free + [slab], key=len, reverse=True):
                 if len(kept) < self.keep and total + len(s) <= self.keep_bytes:
                     kept.append(s)
                     total += len(s)
-                else:  # freed: its id may be another slab's next
-                    self._whole.discard(id(s))
             self._free = kept
