@@ -86,7 +86,8 @@ def test_a_restarted_producer_replaces_its_peer_once(monkeypatch):
 def test_a_producer_that_packs_gets_the_packed_reads_table_reserved_too(monkeypatch):
     """With a producer of another block size and a pack buffer, the handshake also faults in
     the packed reads' runs table: for the longest prompt that buffer holds, or max_model_len's
-    if less; with one of the same block size (plain reads only) it does not."""
+    if less; with one of the same block size (plain reads only) it does not. The plain pair's
+    table is reserved but where the pack buffer holds every prompt (all its reads packed)."""
     import kvcache_ext as kvc
 
     spec = [kvc.CacheSpec("kv", 16, 2, 4)]
@@ -106,7 +107,8 @@ def test_a_producer_that_packs_gets_the_packed_reads_table_reserved_too(monkeypa
         ws._peer(r, 1.0)
         ws._peer(r, 1.0)  # known: nothing reserved again
     assert packed == [100 * 32, 4096]
-    assert ws.ep.reserved == [4096] * 4  # every producer's plain plan pair, as before
+    # the plain plan pair of every producer but "roomy", whose buffer holds every prompt
+    assert ws.ep.reserved == [4096] * 3
 
 
 def test_a_silent_producer_holds_up_no_other_read(monkeypatch):
