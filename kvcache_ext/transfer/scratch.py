@@ -65,9 +65,9 @@ class TablePool:
         with self._lock:
             self.keep_bytes = max(self.keep_bytes, len(slab))
             whole, slab.whole = slab.whole, True  # a later producer's handshake: in already
+            self.faulted += 0 if whole else len(slab)
         if not whole:
             torch.frombuffer(slab, dtype=torch.uint8).fill_(0)
-            self.faulted += len(slab)
         self._give(slab)
 
     def _take(self, nbytes: int) -> _Slab:

@@ -43,17 +43,17 @@ for case in range(24):
     offset = rng.randint(0, 2)
     n = T + pad - offset
     stride = width + rng.randint(0, 5)
-    kw = dict(swa_indices_stride=stride, window_size=window, index_width=width,
-              left_visible_ptr=left, right_visible_ptr=right, query_start_loc_ptr=qsl,
-              seq_lens_ptr=seq, token_to_req_indices_ptr=tok, is_valid_token_ptr=valid,
-              block_table_ptr=table, block_table_stride=table.stride(0), block_size=bs,
-              replay_start_ptr=replay, token_offset=offset, HAS_IMAGE=has_image,
-              TRITON_BLOCK_SIZE=64)
+    case_kw = dict(swa_indices_stride=stride, window_size=window, index_width=width,
+                   left_visible_ptr=left, right_visible_ptr=right, query_start_loc_ptr=qsl,
+                   seq_lens_ptr=seq, token_to_req_indices_ptr=tok, is_valid_token_ptr=valid,
+                   block_table_ptr=table, block_table_stride=table.stride(0), block_size=bs,
+                   replay_start_ptr=replay, token_offset=offset, HAS_IMAGE=has_image,
+                   TRITON_BLOCK_SIZE=64)
     outs = []
     for run in (kernel.run.interpreted, kernel.run):
         idx = torch.full(((n + 1) * stride,), 12345, dtype=torch.int32)[1:]  # offset 1
         lens = torch.full((n + 2,), 777, dtype=torch.int32)
-        run(grid=(n,), warmup=False, swa_indices_ptr=idx, swa_lens_ptr=lens, **kw)
+        run(grid=(n,), warmup=False, swa_indices_ptr=idx, swa_lens_ptr=lens, **case_kw)
         outs.append((idx.clone(), lens.clone()))
     (i0, l0), (i1, l1) = outs
     assert torch.equal(l0, l1), (case, l0, l1)
@@ -74,13 +74,8 @@ for use_interpreter in (True, False):
     args = (idx, lens, window, width, left, right, qsl, seq, tok, valid, table, bs, replay)
     kw = dict(num_tokens=n, token_offset=offset, has_image=has_image)
     if use_interpreter:
-        interpreted(grid=(n,), warmup=False, swa_indices_ptr=idx, swa_indices_stride=stride,
-                    swa_lens_ptr=lens, window_size=window, index_width=width,
-                    left_visible_ptr=left, right_visible_ptr=right, query_start_loc_ptr=qsl,
-                    seq_lens_ptr=seq, token_to_req_indices_ptr=tok, is_valid_token_ptr=valid,
-                    block_table_ptr=table, block_table_stride=table.stride(0), block_size=bs,
-                    replay_start_ptr=replay, token_offset=offset, HAS_IMAGE=has_image,
-                    TRITON_BLOCK_SIZE=1024)
+        interpreted(grid=(n,), warmup=False, swa_indices_ptr=idx, swa_lens_ptr=lens,
+                    **{**case_kw, "TRITON_BLOCK_SIZE": 1024})  # the last case's, as launched
     else:
         launch(*args, **kw)
     got.append((idx, lens))
