@@ -94,10 +94,18 @@ def test_v4_request_through_nixl_between_different_plans():
     try:
         peer = b.add_peer(a.metadata())
         assert peer.plan == src_plan and peer.plan.block_stride == src_plan.block_stride
-        xp = kvc.GroupTransferPlan(peer.plan, b.plan, groups=list(tables))
-        spans = xp.token_spans({g: (s.to(torch.int32), d.to(torch.int32))
-                                for g, (s, d) in tables.items()}, n)
-        b.read(peer, spans).wait(30)
+        # the plan pair kept per peer (what a consumer plans a request's runs with); these
+        # three groups' runs planned in compiled code
+        xp = b.transfer_plan(peer)
+        assert isinstance(xp, kvc.GroupTransferPlan) and b.transfer_plan(peer) is xp
+        sub = kvc.GroupTransferPlan(peer.plan, b.plan, groups=list(tables))
+        runs = sub.token_runs({g: (s.to(torch.int32), d.to(torch.int32))
+                               for g, (s, d) in tables.items()}, n)
+        with pytest.raises(ValueError, match=r"read_tokens moves the tokens of a cache plan"):
+            b.read_tokens(peer, tables["main"][0], tables["main"][1], n)
+        handle = b.read(peer, runs)
+        handle.wait(30)
+        assert handle.stats.runs == runs.shape[0]
     finally:
         b.close()
         a.close()

@@ -59,8 +59,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from ..cache import KVCache  # noqa: E402
 from ..cache.buffer import host_buffer  # noqa: E402
 from ..plan import CachePlan, GroupPlan  # noqa: E402
-from ..transfer import (TransferPlan, as_runs, as_spans, check_runs, check_spans,  # noqa: E402
-                        runs_of_spans)
+from ..transfer import (GroupTransferPlan, TransferPlan, as_runs, as_spans,  # noqa: E402
+                        check_runs, check_spans, plan_transfer, runs_of_spans)
 from . import paths, run_paths  # noqa: E402
 from .handle import (NixlError, PeerGoneError, TransferHandle, TransferStats,  # noqa: E402
                      nixl_error)
@@ -105,7 +105,7 @@ class Endpoint(PeerTable, TransferResources, ExposedReads):
         self._lock = threading.RLock()
         self._peers: dict[str, Peer] = {}
         self._peer_metadata: dict[str, bytes] = {}  # the blob each peer was added from
-        self._xplans: dict[str, TransferPlan] = {}  # peer -> TransferPlan(peer's plan, ours)
+        self._xplans: dict[str, TransferPlan | GroupTransferPlan] = {}  # peer -> (its plan, ours)
         self._handles: set[TransferHandle] = set()
         self._local_grids: dict[int, object] = {}              # granule -> prepared local list
         self._peer_grids: dict[tuple[str, int], object] = {}   # (peer, granule) -> remote list
@@ -165,16 +165,14 @@ class Endpoint(PeerTable, TransferResources, ExposedReads):
         the bytes are the same either way."""
         return self._transfer("READ", peer, spans, path)
 
-    def transfer_plan(self, peer: Peer) -> TransferPlan:
-        """TransferPlan(peer.plan, self.plan), made on first use and kept until the peer is
-        removed (what depends only on the two plans is computed once per peer)."""
+    def transfer_plan(self, peer: Peer) -> TransferPlan | GroupTransferPlan:
+        """The plan pair from the peer's plan to ours (kvc.plan_transfer: a TransferPlan between
+        cache plans, a GroupTransferPlan between group plans), made on first use and kept until
+        the peer is removed (what depends only on the two plans is computed once per peer)."""
         with self._lock:
             xp = self._xplans.get(peer.name)
             if xp is None or xp.src_plan is not peer.plan:
-                if isinstance(peer.plan, GroupPlan) or isinstance(self.plan, GroupPlan):
-                    raise ValueError("transfer_plan / read_tokens are for cache plans; caches "
-                                     "of group plans read GroupTransferPlan spans with read()")
-                xp = TransferPlan(peer.plan, self.plan)
+                xp = plan_transfer(peer.plan, self.plan)
                 if self._peers.get(peer.name) is peer:  # not kept for a peer removed meanwhile
                     self._xplans[peer.name] = xp
             return xp
@@ -189,6 +187,10 @@ class Endpoint(PeerTable, TransferResources, ExposedReads):
         re-tiled in one pass where that is cheaper."""
         self._check_open()
         self._check_peer(peer)
+        if isinstance(self.plan, GroupPlan):
+            raise ValueError("read_tokens moves the tokens of a cache plan (one block table); a "
+                             "group plan's request: read(peer, transfer_plan(peer).token_runs("
+                             "{group: (src_block_table, dst_block_table)}, num_tokens))")
         t, c = time.perf_counter(), time.thread_time()
         runs = self.transfer_plan(peer).token_runs(src_block_table, dst_block_table, num_tokens,
                                                    src_start, dst_start)

@@ -18,7 +18,8 @@ from typing import Mapping
 import torch
 
 from ..plan import CachePlan, GroupPlan
-from .plan import TransferPlan
+from .checks import check_counts
+from .plan import RESERVE_BYTES, TransferPlan
 from .spans import merge_spans, runs_of_spans
 
 
@@ -82,14 +83,10 @@ class GroupTransferPlan:
             first = 0 if g.window is None else max(num_tokens - g.window, 0)
         return max(first, start) // spec_ratio, num_tokens // spec_ratio
 
-    def token_spans(self, block_tables: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
-                    num_tokens: int, start: int = 0,
-                    firsts: Mapping[str, int] | None = None) -> torch.Tensor:
-        """int64 [S, 3] moving a request of `num_tokens` tokens: block_tables[group] =
-        (src_block_table, dst_block_table), int32 [M] in that group's block size. start: the
-        tokens the destination already holds (a prefix hit): only the rows past them move.
-        firsts[group]: the first token a windowed group holds, in place of its window rule
-        (an engine that keeps whole blocks: the first token of the first block it keeps)."""
+    def _live(self, block_tables: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+              num_tokens: int, start: int, firsts: Mapping[str, int] | None) -> list[tuple]:
+        """(group, row plan pair, src table, dst table, first row, end row) of every move that
+        has rows to move, after checking the arguments (each error names one)."""
         missing = sorted(set(self.moves) - set(block_tables))
         if missing:
             raise ValueError(f"block_tables has no (src, dst) tables for groups {missing}")
@@ -106,14 +103,45 @@ class GroupTransferPlan:
         unknown = sorted(set(firsts) - set(self.moves))
         if unknown:
             raise ValueError(f"firsts names groups that are not moved: {unknown}")
-        parts = []
+        live = []
         for gname, moves in self.moves.items():
             src_table, dst_table = block_tables[gname]
             for _, ratio, xp in moves:
                 first, end = self.live_rows(gname, ratio, num_tokens, start, firsts.get(gname))
                 if end > first:
-                    parts.append(xp.token_spans(src_table, dst_table, end - first, first, first))
-        return _merge(parts)
+                    live.append((gname, xp, src_table, dst_table, first, end))
+        return live
+
+    def token_spans(self, block_tables: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
+                    num_tokens: int, start: int = 0,
+                    firsts: Mapping[str, int] | None = None) -> torch.Tensor:
+        """int64 [S, 3] moving a request of `num_tokens` tokens: block_tables[group] =
+        (src_block_table, dst_block_table), int32 [M] in that group's block size. start: the
+        tokens the destination already holds (a prefix hit): only the rows past them move.
+        firsts[group]: the first token a windowed group holds, in place of its window rule
+        (an engine that keeps whole blocks: the first token of the first block it keeps)."""
+        return _merge([xp.token_spans(s, d, end - first, first, first)
+                       for _, xp, s, d, first, end in self._live(block_tables, num_tokens, start,
+                                                                 firsts)])
+
+    def reserve_runs(self, num_tokens: int) -> None:
+        """Fault in now the runs tables token_runs of a request of up to num_tokens tokens needs
+        (a windowed group's: the rows of its window and one block more) and run each move's
+        planner once (TransferPlan.reserve_runs): what a consumer calls once per producer, so
+        its first request plans as fast as the next. At most RESERVE_BYTES in all, shared
+        between the moves as they need it."""
+        check_counts(num_tokens=num_tokens)
+        rows = []
+        for gname, moves in self.moves.items():
+            g = self.dst_plan.group(gname)
+            tokens = num_tokens if g.window is None else min(num_tokens, g.window + g.block_size)
+            rows += [(xp, -(-tokens // ratio)) for _, ratio, xp in moves]
+        need = [xp._runs_bound(n) * 48 for xp, n in rows]
+        total = sum(need)
+        for (xp, n), b in zip(rows, need):
+            if n:
+                xp.reserve_runs(n, limit=max(1, b * RESERVE_BYTES // total) if total >
+                                RESERVE_BYTES else RESERVE_BYTES)
 
     def block_spans(self, block_pairs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """int64 [S, 3] moving whole blocks: block_pairs[group] = int64 [M, 2] (src, dst) blocks
@@ -134,8 +162,18 @@ class GroupTransferPlan:
     def token_runs(self, block_tables: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
                    num_tokens: int, start: int = 0,
                    firsts: Mapping[str, int] | None = None) -> torch.Tensor:
-        """token_spans as strided runs, int64 [R, 6] (transfer/spans.py)."""
-        return runs_of_spans(self.token_spans(block_tables, num_tokens, start, firsts))
+        """The bytes of token_spans as strided runs, int64 [R, 6], planned in compiled code:
+        each move's rows by its row plan pair's TransferPlan.token_runs (whose move table was
+        made with this plan), one after another; merge_spans(spans_of_runs(runs)) ==
+        token_spans(...). What a consumer calls per request, with this plan kept per producer
+        (Endpoint.transfer_plan)."""
+        parts = []
+        for g, xp, s, d, first, end in self._live(block_tables, num_tokens, start, firsts):
+            try:
+                parts.append(xp.token_runs(s, d, end - first, first, first))
+            except (IndexError, TypeError, ValueError) as e:  # the op names a table, not whose
+                raise type(e)(f"block_tables[{g!r}]: {e}") from None
+        return torch.cat(parts) if parts else torch.zeros(0, 6, dtype=torch.int64)
 
     def block_runs(self, block_pairs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """block_spans as strided runs, int64 [R, 6]."""

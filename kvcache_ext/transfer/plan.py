@@ -257,18 +257,19 @@ class TransferPlan:
                                             and src_start % ns == dst_start % nd))
         return (src_blocks if aligned else src_blocks + dst_blocks - 1) * self._adds_per_chunk
 
-    def reserve_runs(self, num_tokens: int, in_step: bool = False) -> None:
+    def reserve_runs(self, num_tokens: int, in_step: bool = False,
+                     limit: int = RESERVE_BYTES) -> None:
         """Fault in now the table token_runs of up to num_tokens tokens needs, whatever their
         starts (in_step: see _runs_bound), and run the planner once, so the first request plans
         as fast as the next ones (its first call's costs too): what an engine calls once per
-        producer. At most RESERVE_BYTES: a longer prompt's table is a fresh one, faulted in as it
+        producer. At most `limit` bytes: a longer prompt's table is a fresh one, faulted in as it
         is written (about 0.25 ms a MiB on a 2-core EPYC), beside a transfer of far more bytes."""
-        check_counts(num_tokens=num_tokens)
+        check_counts(num_tokens=num_tokens, limit=limit)
         sp, dp = self.src_plan, self.dst_plan
         ns, nd = sp.block_size, dp.block_size
         most = self._runs_bound(num_tokens, in_step=in_step) * 48 if num_tokens else 0
-        if most > RESERVE_BYTES:  # the prompts whose table fits
-            num_tokens = max(1, num_tokens * RESERVE_BYTES // most)
+        if most > limit:  # the prompts whose table fits
+            num_tokens = max(1, num_tokens * limit // most)
         if num_tokens == 0:
             return
         self.tables.reserve(self._runs_bound(num_tokens, in_step=in_step) * 48)

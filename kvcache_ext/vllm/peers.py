@@ -22,7 +22,7 @@ class LoadError(RuntimeError):
 class Producers:
     """layer_names: this engine's (a producer with others is refused). reserve_tokens: > 0 makes
     the plan pair with each new producer at its handshake and faults in a runs table of that
-    many tokens (TransferPlan.reserve_runs); 0 for a grouped cache (its reads plan spans).
+    many tokens (TransferPlan.reserve_runs; a grouped cache's: GroupTransferPlan.reserve_runs).
     packs: the consumer's packed reads (set once its cache is known): with a producer that
     packs for it, their runs table is faulted in at the handshake instead, and the plain one
     only where some prompts are longer than its pack buffer holds (a plain read of a shorter

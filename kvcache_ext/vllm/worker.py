@@ -73,9 +73,9 @@ class WorkerSide:
         self._bad_blocks: set[int] = set()
         self.pack: PackBuffer | None = None  # producer: where it packs for unlike consumers
         self.pack_plans: PackPlans | None = None  # consumer: its packed reads, once per length
-        # the producers known as NIXL peers; with one cache plan, each one's plan pair made and
-        # a runs table of the longest prompt faulted in at its handshake (not in a read's plan_s)
-        self.producers = Producers(self.layer_names, self.max_tokens if self.vplan is None else 0)
+        # the producers known as NIXL peers; each one's plan pair made and the runs tables of
+        # the longest prompt faulted in at its handshake (not in a read's plan_s)
+        self.producers = Producers(self.layer_names, self.max_tokens)
         self.ep: kvc_nixl.Endpoint | None = None
         self.elem_bytes = 0
         self.server: Server | None = None
@@ -224,11 +224,12 @@ class WorkerSide:
         t, c = time.perf_counter(), time.thread_time()
         tables, firsts = self._tables(r.block_ids, rs.local_block_ids, rs)
         end = rs.start + rs.count
-        spans = group_spans(peer.plan, self.ep.plan, tables, firsts, end, rs.start)
+        # runs planned in compiled code, from the group plan pair kept per producer (plan_s)
+        runs = self.ep.transfer_plan(peer).token_runs(tables, end, rs.start, firsts)
         plan_s, plan_cpu_s = time.perf_counter() - t, time.thread_time() - c
-        handle = self.ep.read(peer, spans)
+        handle = self.ep.read(peer, runs)
         handle.stats.plan_s, handle.stats.plan_cpu_s = plan_s, plan_cpu_s
-        return handle, lambda spec=None: spans if spec is None else group_spans(
+        return handle, lambda spec=None: spans_of_runs(runs) if spec is None else group_spans(
             peer.plan, self.ep.plan, tables, firsts, end, rs.start, spec)
 
     def _fill(self, rs: RecvSpec, value: int) -> None:

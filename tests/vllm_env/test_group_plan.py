@@ -131,6 +131,11 @@ def test_a_read_moves_the_blocks_vllm_keeps_and_never_the_null_block():
     tables, firsts = group_tables(plan, names, lists, lists, n)
     assert firsts == {"g0": 128, "g1": 128, "g3": 292, "g4": 168}
     spans = group_spans(plan, plan, tables, firsts, n, 0)
+    # the worker's read: runs planned in compiled code, the same bytes
+    import kvcache_ext as kvc
+    runs = kvc.GroupTransferPlan(plan, plan).token_runs(tables, n, 0, firsts)
+    flat = kvc.spans_of_runs(runs)
+    assert torch.equal(kvc.merge_spans(flat[:, 0], flat[:, 1], flat[:, 2]), spans)
     got = torch.zeros(plan.total_bytes, dtype=torch.bool)
     for _, d, k in spans.tolist():
         got[d:d + k] = True
@@ -159,7 +164,7 @@ def test_the_connector_builds_the_plan_once_and_the_worker_keeps_it(monkeypatch)
     assert vp is not None and vp.plan == group_plan_of(config()).plan
     monkeypatch.setattr(W, "group_plan_of", lambda kv: pytest.fail("built again"))
     ws = W.WorkerSide(cfg, config(), ConnectorConfig(), vp)
-    assert ws.vplan is vp and ws.producers.reserve_tokens == 0  # grouped: reads plan spans
+    assert ws.vplan is vp and ws.producers.reserve_tokens == 4096  # its runs tables, reserved
     one = SimpleNamespace(kv_cache_groups=[SimpleNamespace(layer_names=["a"], kv_cache_spec=None)])
     assert check_supported(cfg, one) is None
 
@@ -184,4 +189,4 @@ def test_the_connector_class_hands_its_checked_plan_to_its_worker(monkeypatch):
     conn = KvcacheExtConnector(cfg, KVConnectorRole.WORKER, kv)
     assert conn.scheduler is None and len(built) == 1 and built[0] is kv
     assert conn.worker.vplan is not None and conn.worker.vplan.plan == group_plan_of(kv).plan
-    assert conn.worker.producers.reserve_tokens == 0
+    assert conn.worker.producers.reserve_tokens == 4096

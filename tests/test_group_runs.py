@@ -1,0 +1,128 @@
+"""A grouped (DeepSeek-V4) request's runs planned in compiled code (GroupTransferPlan.token_runs:
+each move's TransferPlan.token_runs): exactly token_spans' bytes -- the torch statement of the
+rule -- between random plan pairs, prefix hits and kept windows, and copy_runs writes exactly
+copy_spans' bytes into a poisoned cache; the same argument errors; reserve_runs faults in each
+move's table within one budget."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kvcache_ext as kvc
+from kvcache_ext.transfer import groups as groups_mod
+
+POISON = 0xA5
+
+
+def expanded(runs: torch.Tensor) -> torch.Tensor:
+    s = kvc.spans_of_runs(runs)
+    return kvc.merge_spans(s[:, 0], s[:, 1], s[:, 2])
+
+
+def tables_of(groups, num_tokens: int, num_blocks: int, g: torch.Generator,
+              firsts: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Each group's block table for one request, from one pool of distinct blocks; a windowed
+    group: -1 before the block of its first kept token."""
+    free = torch.randperm(num_blocks, generator=g).tolist()
+    out = {}
+    for grp in groups:
+        n = -(-num_tokens // grp.block_size)
+        first = firsts.get(grp.name, 0) // grp.block_size
+        out[grp.name] = torch.tensor([-1] * first + [free.pop() for _ in range(n - first)],
+                                     dtype=torch.int32)
+    return out
+
+
+@st.composite
+def group_cases(draw):
+    preset = draw(st.sampled_from(["flash", "pro"]))
+    groups = kvc.presets.deepseek_v4(preset)
+    n = draw(st.integers(1, 1400))
+    start = draw(st.integers(0, n))
+    kept = {}  # a kept window: whole blocks from the window's rule, or from an earlier block
+    for grp in groups:
+        if grp.window is not None:
+            rule = max(n - grp.window, 0) // grp.block_size
+            kept[grp.name] = draw(st.integers(max(rule - 2, 0), rule)) * grp.block_size
+    # overlay: a block is one group's; only the kept blocks need one
+    need = sum(-(-n // g.block_size) - kept.get(g.name, 0) // g.block_size for g in groups)
+    plans = []
+    for _ in range(2):
+        layout = draw(st.sampled_from(kvc.LAYOUTS))
+        packing = "stack" if layout.startswith("L") else draw(st.sampled_from(["overlay",
+                                                                                "stack"]))
+        plans.append(kvc.plan_cache(groups=groups, num_blocks=need + draw(st.integers(0, 3)),
+                                    layout=layout, packing=packing))
+    firsts = kept if draw(st.booleans()) else None  # else the window rule (whole blocks too)
+    if firsts is None:
+        kept = {k: max(n - g.window, 0) // g.block_size * g.block_size
+                for g in groups for k in [g.name] if g.window is not None}
+    return plans, n, start, kept, firsts, draw(st.integers(0, 2**31))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(group_cases())
+def test_group_token_runs_are_token_spans_and_copy_the_same_bytes(case):
+    (src_plan, dst_plan), n, start, kept, firsts, seed = case
+    g = torch.Generator().manual_seed(seed)
+    st_ = tables_of(src_plan.groups, n, src_plan.num_blocks, g, kept)
+    dt = tables_of(dst_plan.groups, n, dst_plan.num_blocks, g, kept)
+    tables = {k: (st_[k], dt[k]) for k in st_}
+    xp = kvc.GroupTransferPlan(src_plan, dst_plan)
+    spans = xp.token_spans(tables, n, start, firsts)
+    runs = xp.token_runs(tables, n, start, firsts)
+    assert runs.dtype == torch.int64 and runs.shape[1] == 6
+    assert torch.equal(expanded(runs), spans)
+    src = kvc.allocate(src_plan)
+    src.buffer.copy_(torch.randint(0, 256, src.buffer.shape, dtype=torch.uint8, generator=g))
+    by_runs, by_spans = kvc.allocate(dst_plan, fill=POISON), kvc.allocate(dst_plan, fill=POISON)
+    stats = kvc.copy_runs(src, by_runs, runs)
+    kvc.copy_spans(src, by_spans, spans)
+    assert torch.equal(by_runs.buffer, by_spans.buffer)
+    assert stats.bytes == int(spans[:, 2].sum())
+    for s, d, k in spans[:8].tolist():  # moved bytes are the source's, not the poison
+        assert torch.equal(by_runs.buffer[d:d + k], src.buffer[s:s + k])
+
+
+def test_group_token_runs_check_their_arguments_as_token_spans_do():
+    groups = kvc.presets.deepseek_v4("flash")
+    plan = kvc.plan_cache(groups=groups, num_blocks=40, layout="BLHNC")
+    xp = kvc.GroupTransferPlan(plan, plan)
+    kept = {grp.name: max(300 - grp.window, 0) // grp.block_size * grp.block_size
+            for grp in groups if grp.window is not None}
+    t = tables_of(groups, 300, 40, torch.Generator().manual_seed(0), kept)
+    tables = {k: (v, v) for k, v in t.items()}
+    for f in (xp.token_spans, xp.token_runs):
+        with pytest.raises(ValueError, match=r"block_tables has no \(src, dst\) tables for "
+                                             r"groups \['main'\]"):
+            f({k: v for k, v in tables.items() if k != "main"}, 300)
+        with pytest.raises(ValueError, match=r"start must be an int in \[0, num_tokens = 300\]"):
+            f(tables, 300, 301)
+        with pytest.raises(ValueError, match=r"firsts names groups that are not moved"):
+            f(tables, 300, 0, {"nope": 0})
+    assert xp.token_runs(tables, 0).shape == (0, 6)
+    bad = dict(tables, main=(torch.tensor([3, 40], dtype=torch.int32), tables["main"][1]))
+    with pytest.raises(IndexError, match=r"block_tables\['main'\]: src_table\[1\] = 40 is "
+                                         r"outside \[0, 40\)"):  # the group named, its entry
+        xp.token_runs(bad, 300)
+
+
+def test_group_reserve_runs_faults_each_moves_table_within_one_budget(monkeypatch):
+    groups = kvc.presets.deepseek_v4("flash")
+    plan = kvc.plan_cache(groups=groups, num_blocks=8, layout="BLHNC")
+    xp = kvc.GroupTransferPlan(plan, plan)
+    faulted = lambda: [m[2].tables.faulted for ms in xp.moves.values() for m in ms]  # noqa: E731
+    xp.reserve_runs(200_000)  # a long prompt: tables of the unwindowed groups' rows
+    full = faulted()
+    assert sum(full) > 0
+    assert all(b == 0 for gname, ms in xp.moves.items() for b in
+               (m[2].tables.faulted for m in ms) if plan.group(gname).window is not None)
+    small = kvc.GroupTransferPlan(plan, plan)
+    monkeypatch.setattr(groups_mod, "RESERVE_BYTES", sum(full) // 4)  # the budget shared
+    small.reserve_runs(200_000)
+    got = sum(m[2].tables.faulted for ms in small.moves.values() for m in ms)
+    assert 0 < got <= sum(full) // 4 + (64 << 10) * len(full)  # slabs round up to a page run
+    with pytest.raises(ValueError, match="num_tokens must be an int >= 0"):
+        xp.reserve_runs(-1)
