@@ -109,20 +109,51 @@ def test_group_token_runs_check_their_arguments_as_token_spans_do():
         xp.token_runs(bad, 300)
 
 
-def test_group_reserve_runs_faults_each_moves_table_within_one_budget(monkeypatch):
+def test_group_reserve_runs_faults_in_the_table_a_long_request_then_plans_in(monkeypatch):
+    """reserve_runs(N): one slab of the plan's pool faulted in, which a request of N tokens then
+    plans in (no fresh slab); at most RESERVE_BYTES (a smaller budget: a smaller slab)."""
     groups = kvc.presets.deepseek_v4("flash")
-    plan = kvc.plan_cache(groups=groups, num_blocks=8, layout="BLHNC")
-    xp = kvc.GroupTransferPlan(plan, plan)
-    faulted = lambda: [m[2].tables.faulted for ms in xp.moves.values() for m in ms]  # noqa: E731
-    xp.reserve_runs(200_000)  # a long prompt: tables of the unwindowed groups' rows
-    full = faulted()
-    assert sum(full) > 0
-    assert all(b == 0 for gname, ms in xp.moves.items() for b in
-               (m[2].tables.faulted for m in ms) if plan.group(gname).window is not None)
-    small = kvc.GroupTransferPlan(plan, plan)
-    monkeypatch.setattr(groups_mod, "RESERVE_BYTES", sum(full) // 4)  # the budget shared
-    small.reserve_runs(200_000)
-    got = sum(m[2].tables.faulted for ms in small.moves.values() for m in ms)
-    assert 0 < got <= sum(full) // 4 + (64 << 10) * len(full)  # slabs round up to a page run
+    n = 60_000
+    kept = {grp.name: max(n - grp.window, 0) // grp.block_size * grp.block_size
+            for grp in groups if grp.window is not None}
+    need = sum(-(-n // g.block_size) - kept.get(g.name, 0) // g.block_size for g in groups)
+    plan = kvc.plan_cache(groups=groups, num_blocks=need, layout="BLHNC")  # never allocated
+    other = kvc.plan_cache(groups=groups, num_blocks=need, layout="BLNHC", packing="stack")
+    g = torch.Generator().manual_seed(3)
+    st_, dt = tables_of(groups, n, need, g, kept), tables_of(groups, n, need, g, kept)
+    tables = {k: (st_[k], dt[k]) for k in st_}
+    xp = kvc.GroupTransferPlan(plan, other)
+    xp.reserve_runs(n)
+    assert xp.tables.made == 1 and xp.tables.faulted >= 64 << 10
+    runs = xp.token_runs(tables, n)
+    assert xp.tables.made == 1  # planned in the reserved slab
+    assert runs.untyped_storage().nbytes() <= xp.tables.faulted
+    assert torch.equal(expanded(runs), xp.token_spans(tables, n))
+    small = kvc.GroupTransferPlan(plan, other)
+    monkeypatch.setattr(groups_mod, "RESERVE_BYTES", 128 << 10)
+    small.reserve_runs(n)
+    assert 0 < small.tables.faulted <= 128 << 10
+    small.token_runs(tables, n)  # a larger table than reserved: a fresh slab
+    assert small.tables.made == 2
     with pytest.raises(ValueError, match="num_tokens must be an int >= 0"):
         xp.reserve_runs(-1)
+
+
+def test_group_token_runs_name_the_group_and_the_value_of_a_bad_argument():
+    groups = kvc.presets.deepseek_v4("flash")
+    plan = kvc.plan_cache(groups=groups, num_blocks=40, layout="BLHNC")
+    xp = kvc.GroupTransferPlan(plan, plan)
+    kept = {grp.name: max(300 - grp.window, 0) // grp.block_size * grp.block_size
+            for grp in groups if grp.window is not None}
+    t = tables_of(groups, 300, 40, torch.Generator().manual_seed(0), kept)
+    tables = {k: (v, v) for k, v in t.items()}
+    with pytest.raises(ValueError, match=r"firsts\['swa0'\] must be an int >= 0 \(a token\), "
+                                         r"got 236\.0"):
+        xp.token_runs(tables, 300, 0, {"swa0": 236.0})
+    with pytest.raises(TypeError, match=r"block_tables\['main'\] must be a \(src_block_table, "
+                                        r"dst_block_table\) pair, got Tensor"):
+        xp.token_runs(dict(tables, main=t["main"]), 300)
+    short = dict(tables, swa0=(t["swa0"], t["swa0"][:4]))
+    with pytest.raises(IndexError, match=r"block_tables\['swa0'\]\[1\] \(dst\) has 4 entries, "
+                                         r"but 300 tokens span 5 blocks of 64"):
+        xp.token_runs(short, 300)

@@ -94,18 +94,10 @@ def test_v4_request_through_nixl_between_different_plans():
     try:
         peer = b.add_peer(a.metadata())
         assert peer.plan == src_plan and peer.plan.block_stride == src_plan.block_stride
-        # the plan pair kept per peer (what a consumer plans a request's runs with); these
-        # three groups' runs planned in compiled code
-        xp = b.transfer_plan(peer)
-        assert isinstance(xp, kvc.GroupTransferPlan) and b.transfer_plan(peer) is xp
-        sub = kvc.GroupTransferPlan(peer.plan, b.plan, groups=list(tables))
-        runs = sub.token_runs({g: (s.to(torch.int32), d.to(torch.int32))
-                               for g, (s, d) in tables.items()}, n)
-        with pytest.raises(ValueError, match=r"read_tokens moves the tokens of a cache plan"):
-            b.read_tokens(peer, tables["main"][0], tables["main"][1], n)
-        handle = b.read(peer, runs)
-        handle.wait(30)
-        assert handle.stats.runs == runs.shape[0]
+        xp = kvc.GroupTransferPlan(peer.plan, b.plan, groups=list(tables))
+        spans = xp.token_spans({g: (s.to(torch.int32), d.to(torch.int32))
+                                for g, (s, d) in tables.items()}, n)
+        b.read(peer, spans).wait(30)
     finally:
         b.close()
         a.close()
@@ -129,6 +121,55 @@ def test_v4_request_through_nixl_between_different_plans():
                                       torch.tensor([0, 64], dtype=torch.int32), raw=True)
     assert torch.equal(early(reader_cache, 1), early(kvc.KVCache(dst_plan, reader_before), 1))
     assert not torch.equal(early(reader_cache, 1), early(owner_cache, 0))
+
+
+def test_the_kept_plan_pair_plans_a_v4_request_that_reads_the_copy_runs_bytes():
+    """The consumer's way (the vLLM connector's V4 read): the GroupTransferPlan the reader's
+    Endpoint keeps for its peer plans every group's runs past a prefix hit, kept windows given,
+    and read() through NIXL writes exactly the bytes copy_runs writes into a poisoned copy of the
+    reader's cache; read_tokens and a peer of the other plan kind are refused, naming why."""
+    from test_group_runs import tables_of
+    kn = nixl_module()
+    groups = kvc.presets.deepseek_v4("flash")
+    n, start = 700, 100
+    kept = {g.name: max(n - g.window, 0) // g.block_size * g.block_size
+            for g in groups if g.window is not None}
+    need = sum(-(-n // g.block_size) - kept.get(g.name, 0) // g.block_size for g in groups)
+    src_plan = kvc.plan_cache(groups=groups, num_blocks=need + 2, layout="BLHNC")
+    dst_plan = kvc.plan_cache(groups=groups, num_blocks=need + 5, layout="BLNHC", packing="stack")
+    owner, reader = poisoned(src_plan, 6), poisoned(dst_plan, 7)
+    want = kvc.KVCache(dst_plan, reader.buffer.clone())
+    g = torch.Generator().manual_seed(8)
+    st_ = tables_of(groups, n, src_plan.num_blocks, g, kept)
+    dt = tables_of(groups, n, dst_plan.num_blocks, g, kept)
+    tables = {k: (st_[k], dt[k]) for k in st_}
+    a = kn.Endpoint("v4-kept-owner", owner)
+    b = kn.Endpoint("v4-kept-reader", reader)
+    c = kn.Endpoint("v4-kept-plain", kvc.allocate(kvc.plan_cache([kvc.CacheSpec("k", 64)], 4, 16)))
+    try:
+        peer = b.add_peer(a.metadata())
+        xp = b.transfer_plan(peer)
+        assert isinstance(xp, kvc.GroupTransferPlan) and b.transfer_plan(peer) is xp
+        runs = xp.token_runs(tables, n, start, kept)
+        handle = b.read(peer, runs)
+        handle.wait(30)
+        assert handle.stats.runs == runs.shape[0]
+        assert handle.stats.bytes == int((runs[:, 2] * runs[:, 5]).sum()) > 0
+        with pytest.raises(ValueError, match=r"read_tokens moves the tokens of a cache plan"):
+            b.read_tokens(peer, st_["main"], dt["main"], n)
+        other = c.add_peer(a.metadata())
+        with pytest.raises(ValueError, match=r"peer 'v4-kept-owner' has a GroupPlan and this "
+                                             r"Endpoint a CachePlan"):
+            c.transfer_plan(other)
+    finally:
+        c.close()
+        b.close()
+        a.close()
+    kvc.copy_runs(owner, want, runs)
+    assert torch.equal(reader.buffer, want.buffer)
+    spans = xp.token_spans(tables, n, start, kept)
+    for s_, d, k in spans[::7].tolist():  # moved bytes are the owner's, not the poison
+        assert torch.equal(reader.buffer[d:d + k], owner.buffer[s_:s_ + k])
 
 
 def test_closing_a_v4_endpoint_mid_read_fails_it_and_writes_nothing_outside_its_rows(

@@ -160,7 +160,7 @@ class Endpoint(PeerTable, TransferResources, ExposedReads):
     # ---- transfers --------------------------------------------------------------------------
     def read(self, peer: Peer, spans: torch.Tensor, path: str = "auto") -> TransferHandle:
         """Pull peer bytes into our cache: spans [S, 3] or runs [R, 6] from
-        TransferPlan(peer.plan, self.plan). path: "auto" (the cheapest the measurements
+        transfer_plan(peer) (TransferPlan or GroupTransferPlan: peer.plan -> self.plan). path: "auto" (the cheapest the measurements
         support, paths.py), or force "plain", "prepared", "strided" (nixl >= 1.5) or "staged";
         the bytes are the same either way."""
         return self._transfer("READ", peer, spans, path)
@@ -172,6 +172,11 @@ class Endpoint(PeerTable, TransferResources, ExposedReads):
         with self._lock:
             xp = self._xplans.get(peer.name)
             if xp is None or xp.src_plan is not peer.plan:
+                if isinstance(peer.plan, GroupPlan) != isinstance(self.plan, GroupPlan):
+                    kind = lambda p: type(p).__name__  # noqa: E731
+                    raise ValueError(f"peer {peer.name!r} has a {kind(peer.plan)} and this "
+                                     f"Endpoint a {kind(self.plan)}: bytes move only between "
+                                     f"plans of one kind")
                 xp = plan_transfer(peer.plan, self.plan)
                 if self._peers.get(peer.name) is peer:  # not kept for a peer removed meanwhile
                     self._xplans[peer.name] = xp

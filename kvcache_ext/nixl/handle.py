@@ -34,7 +34,8 @@ class TransferStats:
     posting calls (a loopback cma read moves its bytes inside them); move_s: from the first
     post to the last completion (staged: unpacks included); unpack_s: staged reads' copies out
     of the staging buffer (a staged read of runs: the regroup, copy_runs); plan_s: planning
-    the runs (read_tokens; the caller's own planning is not seen here), wall time, and
+    the runs (read_tokens; a caller that plans its own runs may set it, as the vLLM
+    connector does for a grouped cache's read), wall time, and
     plan_cpu_s the planning thread's CPU time in it (the rest: waiting for the GIL or a core).
     Where a transfer's time went: plan_s, then build_s, then move_s, of which unpack_s is the
     regroup; a packed read (path "packed", kvcache_ext.vllm) has the producer's re-tiling as
@@ -48,7 +49,7 @@ class TransferStats:
     parts: int = 0            # NIXL transfers posted
     staged_bytes: int = 0     # bytes read into the staging buffer (the spans' bytes and gaps)
     prepared: bool = False    # this transfer prepared a peer's descriptor list (first use)
-    plan_s: float = 0.0       # read_tokens: the runs planned (TransferPlan.token_runs)
+    plan_s: float = 0.0       # the runs planned (read_tokens: TransferPlan.token_runs)
     plan_cpu_s: float = 0.0   # the planning thread's CPU time in plan_s (time.thread_time)
     build_s: float = 0.0      # up to the first post: checks, lists_s and prep_s
     lists_s: float = 0.0      # descriptor lists, index arrays, runs, extents (numpy)

@@ -7,8 +7,9 @@ tokens has rows 0 .. T // r - 1 (row k is written by token k·r + r - 1, SPEC 10
 group (CacheGroup.window = w: SWA, compressor states) moves only the rows of its last w tokens,
 so only the blocks that hold live rows appear in the spans.
 
-The span math is TransferPlan's, applied to one-spec plans in row space; the spans of every
-spec and group are merged once more at the end.
+The span math is TransferPlan's, applied to one-spec plans in row space: token_spans merges
+the spans of every spec and group once more at the end; token_runs plans every move's runs in
+compiled code into one table (no merge: the moves' bytes are disjoint).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from ..plan import CachePlan, GroupPlan
 from .checks import check_counts
 from .plan import RESERVE_BYTES, TransferPlan
+from .scratch import TablePool
 from .spans import merge_spans, runs_of_spans
 
 
@@ -71,6 +73,8 @@ class GroupTransferPlan:
                 (sp.name, sp.compress_ratio,
                  TransferPlan(_row_plan(src_plan, sp.name), _row_plan(dst_plan, sp.name)))
                 for sp in d.specs]
+        # token_runs' tables: memory one request returns, the next one reuses
+        self.tables = TablePool()
 
     def live_rows(self, group: str, spec_ratio: int, num_tokens: int, start: int = 0,
                   first: int | None = None) -> tuple[int, int]:
@@ -103,9 +107,24 @@ class GroupTransferPlan:
         unknown = sorted(set(firsts) - set(self.moves))
         if unknown:
             raise ValueError(f"firsts names groups that are not moved: {unknown}")
+        for g, v in firsts.items():
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"firsts[{g!r}] must be an int >= 0 (a token), got {v!r}")
         live = []
         for gname, moves in self.moves.items():
-            src_table, dst_table = block_tables[gname]
+            pair = block_tables[gname]
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise TypeError(f"block_tables[{gname!r}] must be a (src_block_table, "
+                                f"dst_block_table) pair, got {type(pair).__name__}")
+            src_table, dst_table = pair
+            for i, (side, t, plan) in enumerate((("src", src_table, self.src_plan),
+                                                 ("dst", dst_table, self.dst_plan))):
+                bs = plan.group(gname).block_size
+                used = -(-num_tokens // bs)
+                if isinstance(t, torch.Tensor) and t.dim() == 1 and t.numel() < used:
+                    raise IndexError(f"block_tables[{gname!r}][{i}] ({side}) has {t.numel()} "
+                                     f"entries, but {num_tokens} tokens span {used} blocks of "
+                                     f"{bs}")
             for _, ratio, xp in moves:
                 first, end = self.live_rows(gname, ratio, num_tokens, start, firsts.get(gname))
                 if end > first:
@@ -125,23 +144,21 @@ class GroupTransferPlan:
                                                                  firsts)])
 
     def reserve_runs(self, num_tokens: int) -> None:
-        """Fault in now the runs tables token_runs of a request of up to num_tokens tokens needs
-        (a windowed group's: the rows of its window and one block more) and run each move's
-        planner once (TransferPlan.reserve_runs): what a consumer calls once per producer, so
-        its first request plans as fast as the next. At most RESERVE_BYTES in all, shared
-        between the moves as they need it."""
+        """Fault in now the runs table token_runs of a request of up to num_tokens tokens needs
+        (a windowed group's rows: its window's and one block's more), at most RESERVE_BYTES, and
+        run the planner once (its first call's costs): what a consumer calls once per producer,
+        so its first request plans as fast as the next. A longer request's table is a fresh
+        one, faulted in as it is written."""
         check_counts(num_tokens=num_tokens)
-        rows = []
+        bound = 0
         for gname, moves in self.moves.items():
             g = self.dst_plan.group(gname)
             tokens = num_tokens if g.window is None else min(num_tokens, g.window + g.block_size)
-            rows += [(xp, -(-tokens // ratio)) for _, ratio, xp in moves]
-        need = [xp._runs_bound(n) * 48 for xp, n in rows]
-        total = sum(need)
-        for (xp, n), b in zip(rows, need):
-            if n:
-                xp.reserve_runs(n, limit=max(1, b * RESERVE_BYTES // total) if total >
-                                RESERVE_BYTES else RESERVE_BYTES)
+            bound += sum(xp._runs_bound(-(-tokens // ratio)) for _, ratio, xp in moves
+                         if tokens >= ratio)
+        if bound:
+            self.tables.reserve(min(bound * 48, RESERVE_BYTES))
+            next(xp for ms in self.moves.values() for _, _, xp in ms).reserve_runs(1)
 
     def block_spans(self, block_pairs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """int64 [S, 3] moving whole blocks: block_pairs[group] = int64 [M, 2] (src, dst) blocks
@@ -163,17 +180,20 @@ class GroupTransferPlan:
                    num_tokens: int, start: int = 0,
                    firsts: Mapping[str, int] | None = None) -> torch.Tensor:
         """The bytes of token_spans as strided runs, int64 [R, 6], planned in compiled code:
-        each move's rows by its row plan pair's TransferPlan.token_runs (whose move table was
-        made with this plan), one after another; merge_spans(spans_of_runs(runs)) ==
-        token_spans(...). What a consumer calls per request, with this plan kept per producer
-        (Endpoint.transfer_plan)."""
-        parts = []
-        for g, xp, s, d, first, end in self._live(block_tables, num_tokens, start, firsts):
+        each move's rows by its row plan pair's planner (TransferPlan.plan_into), one after
+        another in one table lent by self.tables (memory an earlier request touched);
+        merge_spans(spans_of_runs(runs)) == token_spans(...). What a consumer calls per
+        request, with this plan kept per producer (Endpoint.transfer_plan)."""
+        live = self._live(block_tables, num_tokens, start, firsts)
+        bounds = [xp._runs_bound(end - first, first, first) for _, xp, _, _, first, end in live]
+        runs = self.tables.int64(sum(bounds), 6)
+        n = 0  # rows written; each move writes at most its bound, so the next one's fits
+        for (g, xp, s, d, first, end), b in zip(live, bounds):
             try:
-                parts.append(xp.token_runs(s, d, end - first, first, first))
+                n += xp.plan_into(runs[n:n + b], s, d, end - first, first, first)
             except (IndexError, TypeError, ValueError) as e:  # the op names a table, not whose
-                raise type(e)(f"block_tables[{g!r}]: {e}") from None
-        return torch.cat(parts) if parts else torch.zeros(0, 6, dtype=torch.int64)
+                raise type(e)(f"block_tables[{g!r}]: {e}") from e
+        return runs[:n]
 
     def block_runs(self, block_pairs: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """block_spans as strided runs, int64 [R, 6]."""

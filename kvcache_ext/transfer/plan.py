@@ -225,22 +225,30 @@ class TransferPlan:
         check_counts(num_tokens=num_tokens, src_start=src_start, dst_start=dst_start)
         if num_tokens == 0:
             return torch.zeros(0, 6, dtype=torch.int64)
+        # one pass, into a table of the most rows it can take, lent by self.tables: memory an
+        # earlier request of this pair touched (a fresh table's first-touch page faults cost
+        # more than the pass), of which the pass writes only the rows it keeps; the table goes
+        # back when its last user (this view, its views) drops it
+        runs = self.tables.int64(self._runs_bound(num_tokens, src_start, dst_start), 6)
+        return runs[:self.plan_into(runs, src_block_table, dst_block_table, num_tokens,
+                                    src_start, dst_start)]
+
+    def plan_into(self, runs: torch.Tensor, src_block_table: torch.Tensor,
+                  dst_block_table: torch.Tensor, num_tokens: int, src_start: int,
+                  dst_start: int) -> int:
+        """token_runs' planner writing into `runs` (int64 [R, 6], contiguous rows, R at least
+        _runs_bound(num_tokens, src_start, dst_start)): the number of rows written. What a plan
+        of several moves (GroupTransferPlan) plans its moves' runs into one table with."""
         sp, dp = self.src_plan, self.dst_plan
         ns, nd = sp.block_size, dp.block_size
         # the op checks the entries the tokens use (IndexError naming the entry): here only the
         # form, so a request's planning stays a few torch calls
         src_table = table_form(src_block_table, "src_block_table", src_start, num_tokens, ns)
         dst_table = table_form(dst_block_table, "dst_block_table", dst_start, num_tokens, nd)
-        args = (self.move_table, src_table, dst_table, ns, nd, sp.num_blocks, dp.num_blocks,
-                num_tokens, src_start, dst_start)
-        # one pass, into a table of the most rows it can take, lent by self.tables: memory an
-        # earlier request of this pair touched (a fresh table's first-touch page faults cost
-        # more than the pass), of which the pass writes only the rows it keeps; the table goes
-        # back when its last user (this view, its views) drops it
-        runs = self.tables.int64(self._runs_bound(num_tokens, src_start, dst_start), 6)
         count = torch.zeros(1, dtype=torch.int64)
-        _ops.plan_token_runs(*args, runs, count)
-        return runs[:int(count)]
+        _ops.plan_token_runs(self.move_table, src_table, dst_table, ns, nd, sp.num_blocks,
+                             dp.num_blocks, num_tokens, src_start, dst_start, runs, count)
+        return int(count)
 
     def _runs_bound(self, num_tokens: int, src_start: int | None = None,
                     dst_start: int | None = None, in_step: bool = False) -> int:
@@ -257,19 +265,18 @@ class TransferPlan:
                                             and src_start % ns == dst_start % nd))
         return (src_blocks if aligned else src_blocks + dst_blocks - 1) * self._adds_per_chunk
 
-    def reserve_runs(self, num_tokens: int, in_step: bool = False,
-                     limit: int = RESERVE_BYTES) -> None:
+    def reserve_runs(self, num_tokens: int, in_step: bool = False) -> None:
         """Fault in now the table token_runs of up to num_tokens tokens needs, whatever their
         starts (in_step: see _runs_bound), and run the planner once, so the first request plans
         as fast as the next ones (its first call's costs too): what an engine calls once per
-        producer. At most `limit` bytes: a longer prompt's table is a fresh one, faulted in as it
+        producer. At most RESERVE_BYTES: a longer prompt's table is a fresh one, faulted in as it
         is written (about 0.25 ms a MiB on a 2-core EPYC), beside a transfer of far more bytes."""
-        check_counts(num_tokens=num_tokens, limit=limit)
+        check_counts(num_tokens=num_tokens)
         sp, dp = self.src_plan, self.dst_plan
         ns, nd = sp.block_size, dp.block_size
         most = self._runs_bound(num_tokens, in_step=in_step) * 48 if num_tokens else 0
-        if most > limit:  # the prompts whose table fits
-            num_tokens = max(1, num_tokens * limit // most)
+        if most > RESERVE_BYTES:  # the prompts whose table fits
+            num_tokens = max(1, num_tokens * RESERVE_BYTES // most)
         if num_tokens == 0:
             return
         self.tables.reserve(self._runs_bound(num_tokens, in_step=in_step) * 48)

@@ -64,7 +64,7 @@ class TablePool:
         slab = self._take(nbytes)
         with self._lock:
             self.keep_bytes = max(self.keep_bytes, len(slab))
-            whole, slab.whole = slab.whole, True  # a later producer's handshake: in already
+            whole, slab.whole = slab.whole, True  # a second reserve() here: in already
             self.faulted += 0 if whole else len(slab)
         if not whole:
             torch.frombuffer(slab, dtype=torch.uint8).fill_(0)
