@@ -35,6 +35,20 @@ def tables_of(groups, num_tokens: int, num_blocks: int, g: torch.Generator,
     return out
 
 
+def window_firsts(groups, n: int) -> dict[str, int]:
+    """Each windowed group's first kept token by the window rule, as whole blocks."""
+    return {g.name: max(n - g.window, 0) // g.block_size * g.block_size
+            for g in groups if g.window is not None}
+
+
+def flash_request(n: int):
+    """A V4-Flash plan pair (one plan), its GroupTransferPlan, a request's tables and pairs."""
+    groups = kvc.presets.deepseek_v4("flash")
+    plan = kvc.plan_cache(groups=groups, num_blocks=40, layout="BLHNC")
+    t = tables_of(groups, n, 40, torch.Generator().manual_seed(0), window_firsts(groups, n))
+    return kvc.GroupTransferPlan(plan, plan), t, {k: (v, v) for k, v in t.items()}
+
+
 @st.composite
 def group_cases(draw):
     preset = draw(st.sampled_from(["flash", "pro"]))
@@ -57,8 +71,7 @@ def group_cases(draw):
                                     layout=layout, packing=packing))
     firsts = kept if draw(st.booleans()) else None  # else the window rule (whole blocks too)
     if firsts is None:
-        kept = {k: max(n - g.window, 0) // g.block_size * g.block_size
-                for g in groups for k in [g.name] if g.window is not None}
+        kept = window_firsts(groups, n)
     return plans, n, start, kept, firsts, draw(st.integers(0, 2**31))
 
 
@@ -87,13 +100,7 @@ def test_group_token_runs_are_token_spans_and_copy_the_same_bytes(case):
 
 
 def test_group_token_runs_check_their_arguments_as_token_spans_do():
-    groups = kvc.presets.deepseek_v4("flash")
-    plan = kvc.plan_cache(groups=groups, num_blocks=40, layout="BLHNC")
-    xp = kvc.GroupTransferPlan(plan, plan)
-    kept = {grp.name: max(300 - grp.window, 0) // grp.block_size * grp.block_size
-            for grp in groups if grp.window is not None}
-    t = tables_of(groups, 300, 40, torch.Generator().manual_seed(0), kept)
-    tables = {k: (v, v) for k, v in t.items()}
+    xp, t, tables = flash_request(300)
     for f in (xp.token_spans, xp.token_runs):
         with pytest.raises(ValueError, match=r"block_tables has no \(src, dst\) tables for "
                                              r"groups \['main'\]"):
@@ -114,8 +121,7 @@ def test_group_reserve_runs_faults_in_the_table_a_long_request_then_plans_in(mon
     plans in (no fresh slab); at most RESERVE_BYTES (a smaller budget: a smaller slab)."""
     groups = kvc.presets.deepseek_v4("flash")
     n = 60_000
-    kept = {grp.name: max(n - grp.window, 0) // grp.block_size * grp.block_size
-            for grp in groups if grp.window is not None}
+    kept = window_firsts(groups, n)
     need = sum(-(-n // g.block_size) - kept.get(g.name, 0) // g.block_size for g in groups)
     plan = kvc.plan_cache(groups=groups, num_blocks=need, layout="BLHNC")  # never allocated
     other = kvc.plan_cache(groups=groups, num_blocks=need, layout="BLNHC", packing="stack")
@@ -140,13 +146,7 @@ def test_group_reserve_runs_faults_in_the_table_a_long_request_then_plans_in(mon
 
 
 def test_group_token_runs_name_the_group_and_the_value_of_a_bad_argument():
-    groups = kvc.presets.deepseek_v4("flash")
-    plan = kvc.plan_cache(groups=groups, num_blocks=40, layout="BLHNC")
-    xp = kvc.GroupTransferPlan(plan, plan)
-    kept = {grp.name: max(300 - grp.window, 0) // grp.block_size * grp.block_size
-            for grp in groups if grp.window is not None}
-    t = tables_of(groups, 300, 40, torch.Generator().manual_seed(0), kept)
-    tables = {k: (v, v) for k, v in t.items()}
+    xp, t, tables = flash_request(300)
     with pytest.raises(ValueError, match=r"firsts\['swa0'\] must be an int >= 0 \(a token\), "
                                          r"got 236\.0"):
         xp.token_runs(tables, 300, 0, {"swa0": 236.0})

@@ -128,12 +128,11 @@ def test_the_kept_plan_pair_plans_a_v4_request_that_reads_the_copy_runs_bytes():
     Endpoint keeps for its peer plans every group's runs past a prefix hit, kept windows given,
     and read() through NIXL writes exactly the bytes copy_runs writes into a poisoned copy of the
     reader's cache; read_tokens and a peer of the other plan kind are refused, naming why."""
-    from test_group_runs import tables_of
+    from test_group_runs import tables_of, window_firsts
     kn = nixl_module()
     groups = kvc.presets.deepseek_v4("flash")
     n, start = 700, 100
-    kept = {g.name: max(n - g.window, 0) // g.block_size * g.block_size
-            for g in groups if g.window is not None}
+    kept = window_firsts(groups, n)
     need = sum(-(-n // g.block_size) - kept.get(g.name, 0) // g.block_size for g in groups)
     src_plan = kvc.plan_cache(groups=groups, num_blocks=need + 2, layout="BLHNC")
     dst_plan = kvc.plan_cache(groups=groups, num_blocks=need + 5, layout="BLNHC", packing="stack")
