@@ -1,8 +1,9 @@
 """A grouped (DeepSeek-V4) request's runs planned in compiled code (GroupTransferPlan.token_runs:
-each move's TransferPlan.token_runs): exactly token_spans' bytes -- the torch statement of the
-rule -- between random plan pairs, prefix hits and kept windows, and copy_runs writes exactly
-copy_spans' bytes into a poisoned cache; the same argument errors; reserve_runs faults in each
-move's table within one budget."""
+each move's rows by its own planner, TransferPlan.plan_into, into one table): exactly
+token_spans' bytes -- the torch statement of the rule -- between random plan pairs, prefix hits
+and kept windows, and copy_runs writes exactly copy_spans' bytes into a poisoned cache; the
+argument errors, naming the group; reserve_runs faults in the one table a long request then
+plans in."""
 from __future__ import annotations
 
 import pytest
@@ -121,7 +122,9 @@ def test_group_reserve_runs_faults_in_the_table_a_long_request_then_plans_in(mon
     plans in (no fresh slab); at most RESERVE_BYTES (a smaller budget: a smaller slab)."""
     groups = kvc.presets.deepseek_v4("flash")
     n = 60_000
-    kept = window_firsts(groups, n)
+    # kept windows from one block before the window rule (an engine keeps whole blocks)
+    kept = {k: max(v - groups[[g.name for g in groups].index(k)].block_size, 0)
+            for k, v in window_firsts(groups, n).items()}
     need = sum(-(-n // g.block_size) - kept.get(g.name, 0) // g.block_size for g in groups)
     plan = kvc.plan_cache(groups=groups, num_blocks=need, layout="BLHNC")  # never allocated
     other = kvc.plan_cache(groups=groups, num_blocks=need, layout="BLNHC", packing="stack")
@@ -131,10 +134,10 @@ def test_group_reserve_runs_faults_in_the_table_a_long_request_then_plans_in(mon
     xp = kvc.GroupTransferPlan(plan, other)
     xp.reserve_runs(n)
     assert xp.tables.made == 1 and xp.tables.faulted >= 64 << 10
-    runs = xp.token_runs(tables, n)
+    runs = xp.token_runs(tables, n, 0, kept)
     assert xp.tables.made == 1  # planned in the reserved slab
     assert runs.untyped_storage().nbytes() <= xp.tables.faulted
-    assert torch.equal(expanded(runs), xp.token_spans(tables, n))
+    assert torch.equal(expanded(runs), xp.token_spans(tables, n, 0, kept))
     small = kvc.GroupTransferPlan(plan, other)
     monkeypatch.setattr(groups_mod, "RESERVE_BYTES", 128 << 10)
     small.reserve_runs(n)

@@ -128,7 +128,7 @@ def test_the_kept_plan_pair_plans_a_v4_request_that_reads_the_copy_runs_bytes():
     Endpoint keeps for its peer plans every group's runs past a prefix hit, kept windows given,
     and read() through NIXL writes exactly the bytes copy_runs writes into a poisoned copy of the
     reader's cache; read_tokens and a peer of the other plan kind are refused, naming why."""
-    from test_group_runs import tables_of, window_firsts
+    from test_group_runs import expanded, tables_of, window_firsts
     kn = nixl_module()
     groups = kvc.presets.deepseek_v4("flash")
     n, start = 700, 100
@@ -167,6 +167,7 @@ def test_the_kept_plan_pair_plans_a_v4_request_that_reads_the_copy_runs_bytes():
     kvc.copy_runs(owner, want, runs)
     assert torch.equal(reader.buffer, want.buffer)
     spans = xp.token_spans(tables, n, start, kept)
+    assert torch.equal(expanded(runs), spans)  # the rows past the prefix, no more, no fewer
     for s_, d, k in spans[::7].tolist():  # moved bytes are the owner's, not the poison
         assert torch.equal(reader.buffer[d:d + k], owner.buffer[s_:s_ + k])
 
