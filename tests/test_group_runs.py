@@ -13,40 +13,15 @@ from hypothesis import strategies as st
 
 import kvcache_ext as kvc
 from kvcache_ext.transfer import groups as groups_mod
-
-POISON = 0xA5
-
-
-def expanded(runs: torch.Tensor) -> torch.Tensor:
-    s = kvc.spans_of_runs(runs)
-    return kvc.merge_spans(s[:, 0], s[:, 1], s[:, 2])
-
-
-def tables_of(groups, num_tokens: int, num_blocks: int, g: torch.Generator,
-              firsts: dict[str, int]) -> dict[str, torch.Tensor]:
-    """Each group's block table for one request, from one pool of distinct blocks; a windowed
-    group: -1 before the block of its first kept token."""
-    free = torch.randperm(num_blocks, generator=g).tolist()
-    out = {}
-    for grp in groups:
-        n = -(-num_tokens // grp.block_size)
-        first = firsts.get(grp.name, 0) // grp.block_size
-        out[grp.name] = torch.tensor([-1] * first + [free.pop() for _ in range(n - first)],
-                                     dtype=torch.int32)
-    return out
-
-
-def window_firsts(groups, n: int) -> dict[str, int]:
-    """Each windowed group's first kept token by the window rule, as whole blocks."""
-    return {g.name: max(n - g.window, 0) // g.block_size * g.block_size
-            for g in groups if g.window is not None}
+from test_groups import request_tables, shuffled, window_firsts
+from test_plan_runs import POISON, expanded
 
 
 def flash_request(n: int):
     """A V4-Flash plan pair (one plan), its GroupTransferPlan, a request's tables and pairs."""
     groups = kvc.presets.deepseek_v4("flash")
     plan = kvc.plan_cache(groups=groups, num_blocks=40, layout="BLHNC")
-    t = tables_of(groups, n, 40, torch.Generator().manual_seed(0), window_firsts(groups, n))
+    t = request_tables(groups, n, shuffled(40, torch.Generator().manual_seed(0)))
     return kvc.GroupTransferPlan(plan, plan), t, {k: (v, v) for k, v in t.items()}
 
 
@@ -81,8 +56,8 @@ def group_cases(draw):
 def test_group_token_runs_are_token_spans_and_copy_the_same_bytes(case):
     (src_plan, dst_plan), n, start, kept, firsts, seed = case
     g = torch.Generator().manual_seed(seed)
-    st_ = tables_of(src_plan.groups, n, src_plan.num_blocks, g, kept)
-    dt = tables_of(dst_plan.groups, n, dst_plan.num_blocks, g, kept)
+    st_ = request_tables(src_plan.groups, n, shuffled(src_plan.num_blocks, g), kept)
+    dt = request_tables(dst_plan.groups, n, shuffled(dst_plan.num_blocks, g), kept)
     tables = {k: (st_[k], dt[k]) for k in st_}
     xp = kvc.GroupTransferPlan(src_plan, dst_plan)
     spans = xp.token_spans(tables, n, start, firsts)
@@ -129,7 +104,8 @@ def test_group_reserve_runs_faults_in_the_table_a_long_request_then_plans_in(mon
     plan = kvc.plan_cache(groups=groups, num_blocks=need, layout="BLHNC")  # never allocated
     other = kvc.plan_cache(groups=groups, num_blocks=need, layout="BLNHC", packing="stack")
     g = torch.Generator().manual_seed(3)
-    st_, dt = tables_of(groups, n, need, g, kept), tables_of(groups, n, need, g, kept)
+    st_ = request_tables(groups, n, shuffled(need, g), kept)
+    dt = request_tables(groups, n, shuffled(need, g), kept)
     tables = {k: (st_[k], dt[k]) for k in st_}
     xp = kvc.GroupTransferPlan(plan, other)
     xp.reserve_runs(n)

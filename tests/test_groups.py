@@ -366,18 +366,37 @@ def test_cli_v4_capacity_and_layout(tmp_path, capsys):
 
 # ---- transfers between group plans -----------------------------------------------------------
 
-def _tables(groups, num_tokens, num_blocks, seed):
-    """Each group's own block table for one request (windowed groups: -1 outside the window),
-    drawn from one pool of distinct blocks (overlay: a block belongs to one group)."""
-    g = torch.Generator().manual_seed(seed)
-    free = torch.randperm(num_blocks, generator=g).tolist()
+def window_firsts(groups, num_tokens: int) -> dict[str, int]:
+    """Each windowed group's first kept token by the window rule, as whole blocks."""
+    return {g.name: max(num_tokens - g.window, 0) // g.block_size * g.block_size
+            for g in groups if g.window is not None}
+
+
+def request_tables(groups, num_tokens: int, free: list[int],
+                   kept: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """Each group's own block table for one request, its blocks popped from `free` (distinct
+    blocks: overlay gives a block to one group; requests drawing from one list get disjoint
+    ones); a windowed group: -1 before the block of its first kept token (kept, default the
+    window rule)."""
+    kept = window_firsts(groups, num_tokens) if kept is None else kept
     out = {}
     for grp in groups:
         n = -(-num_tokens // grp.block_size)
-        first = 0 if grp.window is None else max(num_tokens - grp.window, 0) // grp.block_size
+        first = kept.get(grp.name, 0) // grp.block_size
         out[grp.name] = torch.tensor([-1] * first + [free.pop() for _ in range(n - first)],
                                      dtype=torch.int32)
     return out
+
+
+def shuffled(num_blocks: int, g: torch.Generator) -> list[int]:
+    """Block ids 0 .. num_blocks - 1 in a random order: a free list for request_tables."""
+    return torch.randperm(num_blocks, generator=g).tolist()
+
+
+def _tables(groups, num_tokens, num_blocks, seed):
+    """request_tables from a seeded free list of num_blocks blocks, windows by the rule."""
+    return request_tables(groups, num_tokens,
+                          shuffled(num_blocks, torch.Generator().manual_seed(seed)))
 
 
 @pytest.mark.parametrize("start", [0, 256, 700])

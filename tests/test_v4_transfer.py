@@ -128,7 +128,8 @@ def test_the_kept_plan_pair_plans_a_v4_request_that_reads_the_copy_runs_bytes():
     Endpoint keeps for its peer plans every group's runs past a prefix hit, kept windows given,
     and read() through NIXL writes exactly the bytes copy_runs writes into a poisoned copy of the
     reader's cache; read_tokens and a peer of the other plan kind are refused, naming why."""
-    from test_group_runs import expanded, tables_of, window_firsts
+    from test_groups import request_tables, shuffled, window_firsts
+    from test_plan_runs import expanded
     kn = nixl_module()
     groups = kvc.presets.deepseek_v4("flash")
     n, start = 700, 100
@@ -139,8 +140,8 @@ def test_the_kept_plan_pair_plans_a_v4_request_that_reads_the_copy_runs_bytes():
     owner, reader = poisoned(src_plan, 6), poisoned(dst_plan, 7)
     want = kvc.KVCache(dst_plan, reader.buffer.clone())
     g = torch.Generator().manual_seed(8)
-    st_ = tables_of(groups, n, src_plan.num_blocks, g, kept)
-    dt = tables_of(groups, n, dst_plan.num_blocks, g, kept)
+    st_ = request_tables(groups, n, shuffled(src_plan.num_blocks, g), kept)
+    dt = request_tables(groups, n, shuffled(dst_plan.num_blocks, g), kept)
     tables = {k: (st_[k], dt[k]) for k in st_}
     a = kn.Endpoint("v4-kept-owner", owner)
     b = kn.Endpoint("v4-kept-reader", reader)

@@ -160,9 +160,9 @@ class Endpoint(PeerTable, TransferResources, ExposedReads):
     # ---- transfers --------------------------------------------------------------------------
     def read(self, peer: Peer, spans: torch.Tensor, path: str = "auto") -> TransferHandle:
         """Pull peer bytes into our cache: spans [S, 3] or runs [R, 6] from
-        transfer_plan(peer) (TransferPlan or GroupTransferPlan: peer.plan -> self.plan). path: "auto" (the cheapest the measurements
-        support, paths.py), or force "plain", "prepared", "strided" (nixl >= 1.5) or "staged";
-        the bytes are the same either way."""
+        transfer_plan(peer) (TransferPlan or GroupTransferPlan: peer.plan -> self.plan). path:
+        "auto" (the cheapest the measurements support, paths.py), or force "plain", "prepared",
+        "strided" (nixl >= 1.5) or "staged"; the bytes are the same either way."""
         return self._transfer("READ", peer, spans, path)
 
     def transfer_plan(self, peer: Peer) -> TransferPlan | GroupTransferPlan:

@@ -98,8 +98,7 @@ class GroupTransferPlan:
         if unknown:
             raise ValueError(f"block_tables names groups that are not moved: {unknown} "
                              f"(moved: {list(self.moves)})")
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
-            raise ValueError(f"num_tokens must be an int >= 0, got {num_tokens!r}")
+        check_counts(num_tokens=num_tokens)
         if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= num_tokens:
             raise ValueError(f"start must be an int in [0, num_tokens = {num_tokens}], got "
                              f"{start!r}")
