@@ -173,6 +173,61 @@ def test_the_kept_plan_pair_plans_a_v4_request_that_reads_the_copy_runs_bytes():
         assert torch.equal(reader.buffer[d:d + k], owner.buffer[s_:s_ + k])
 
 
+def test_concurrent_v4_requests_planned_by_the_kept_plan_land_their_own_rows():
+    """Three prompts of one producer at once (a consumer loading several requests): each
+    planned on its own thread by the one GroupTransferPlan the Endpoint keeps (its pool of
+    runs tables shared: tables of 2,000 tokens are pooled), all three reads in flight together.
+    Each request's runs are its own rows exactly, and the reader ends with what copy_runs of
+    the three writes into a poisoned copy: nothing lost, nothing crossed, nothing else
+    written."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_groups import request_tables, shuffled
+    from test_plan_runs import expanded
+    kn = nixl_module()
+    groups = kvc.presets.deepseek_v4("flash")
+    n, starts = 2000, [0, 64, 300]
+    per = sum(len(t) - int((t < 0).sum())
+              for t in request_tables(groups, n, list(range(10_000))).values())
+    src_plan = kvc.plan_cache(groups=groups, num_blocks=3 * per + 1, layout="BLHNC")
+    dst_plan = kvc.plan_cache(groups=groups, num_blocks=3 * per + 3, layout="BLNHC",
+                              packing="stack")
+    owner, reader = poisoned(src_plan, 11), poisoned(dst_plan, 12)
+    want = kvc.KVCache(dst_plan, reader.buffer.clone())
+    g = torch.Generator().manual_seed(13)
+    src_free, dst_free = shuffled(src_plan.num_blocks, g), shuffled(dst_plan.num_blocks, g)
+    reqs = []  # disjoint blocks on both sides: one free list per side
+    for _ in starts:
+        st_, dt = request_tables(groups, n, src_free), request_tables(groups, n, dst_free)
+        reqs.append({k: (st_[k], dt[k]) for k in st_})
+    a = kn.Endpoint("v4-many-owner", owner)
+    b = kn.Endpoint("v4-many-reader", reader)
+    try:
+        peer = b.add_peer(a.metadata())
+        xp = b.transfer_plan(peer)
+        xp.reserve_runs(n)  # as the handshake does: a slab kept, which one planner gets
+        together = threading.Barrier(len(starts))
+
+        def plan(i: int) -> torch.Tensor:
+            together.wait(10)
+            return xp.token_runs(reqs[i], n, starts[i])
+
+        with ThreadPoolExecutor(len(starts)) as pool:
+            runs = list(pool.map(plan, range(len(starts))))
+        assert xp.tables.made >= len(starts)  # pooled: the kept slab lent to one at a time
+        handles = [b.read(peer, r) for r in runs]  # all in flight before any wait
+        for h in handles:
+            h.wait(60)
+    finally:
+        b.close()
+        a.close()
+    for r, tables, start in zip(runs, reqs, starts):
+        assert torch.equal(expanded(r), xp.token_spans(tables, n, start))
+        kvc.copy_runs(owner, want, r)
+    assert torch.equal(reader.buffer, want.buffer)
+
+
 def test_closing_a_v4_endpoint_mid_read_fails_it_and_writes_nothing_outside_its_rows(
         monkeypatch):
     """close() while a V4 request's rows are read (the consumer engine shutting down): the read
