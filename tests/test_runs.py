@@ -114,3 +114,32 @@ def test_bad_runs_are_named():
     kvc.check_runs(torch.tensor([[0, 0, 4, 8, 8, 3], [0, 4, 4, 8, 8, 3]]), 64, 64)  # interleaved
     with pytest.raises(ValueError, match=r"must be \[R, 6\]"):
         kvc.check_runs(torch.zeros(2, 5, dtype=torch.int64), 64, 64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(run_lists(), st.booleans())
+def test_spans_of_runs_and_merge_spans_state_their_rules(case, int32):
+    runs = case[0].to(torch.int32) if int32 else case[0]
+    want = [[s + j * ss, d + j * ds, n] for s, d, n, ss, ds, c in runs.tolist() for j in range(c)]
+    spans = kvc.spans_of_runs(runs)
+    assert spans.dtype == torch.int64 and spans.tolist() == want
+    # merged: sorted by (src, dst), each piece that continues the last on both sides joins it
+    out: list[list[int]] = []
+    for s, d, n in sorted(want, key=lambda p: (p[0], p[1])):
+        if out and out[-1][0] + out[-1][2] == s and out[-1][1] + out[-1][2] == d:
+            out[-1][2] += n
+        else:
+            out.append([s, d, n])
+    c = spans.to(runs.dtype)
+    got = kvc.merge_spans(c[:, 0], c[:, 1], c[:, 2])
+    assert got.dtype == torch.int64 and got.tolist() == out
+    spans[:, 0] += 1  # a new tensor, not a view of the runs
+    assert kvc.spans_of_runs(runs).tolist() == want
+
+
+def test_spans_of_runs_and_merge_spans_edges():
+    empty = torch.zeros(0, dtype=torch.int64)
+    assert kvc.merge_spans(empty, empty, empty).shape == (0, 3)
+    assert kvc.spans_of_runs(torch.zeros(0, 6, dtype=torch.int64)).shape == (0, 3)
+    with pytest.raises(ValueError, match=r"runs\[1\]: count must be >= 1"):
+        kvc.spans_of_runs(torch.tensor([[0, 0, 4, 4, 4, 2], [8, 8, 4, 4, 4, 0]]))

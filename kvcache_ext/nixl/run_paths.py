@@ -24,7 +24,7 @@ import torch
 
 from ..ops.library import ops as _ops
 from .handle import Part
-from ..transfer import merge_spans, spans_of_runs
+from ..transfer.spans import merged, pieces
 from ..transfer.pack import pieces_of
 from . import paths
 from .paths import AUTO_MIN_SPANS, DESC_S, READ_BYTES_PER_S, _lap
@@ -168,8 +168,8 @@ def run_parts(ep, peer, op: str, runs: np.ndarray, path: str, stats):
         runs = _pieces_of(runs, runs[:, 3] < runs[:, 2])  # overlapping source pieces, one by one
         _lap(stats, "lists_s", t)
         return path, paths.strided_parts(ep, peer, op, runs, stats), None
-    spans = spans_of_runs(torch.from_numpy(runs))
-    s = merge_spans(spans[:, 0], spans[:, 1], spans[:, 2]).numpy()
+    p = pieces(runs)
+    s = merged(p[:, 0], p[:, 1], p[:, 2])
     remote_off, local_off = (s[:, 0], s[:, 1]) if op == "READ" else (s[:, 1], s[:, 0])
     _lap(stats, "lists_s", t)
     if path == "prepared":
