@@ -146,3 +146,34 @@ def test_runs_nixl_cannot_take_as_strided_rows_are_posted_as_pieces():
             h.wait(WAIT_S)
             assert torch.equal(b.cache.buffer, want.buffer), path
             assert h.stats.path == ("strided" if path == "strided" else "plain")
+
+
+def test_auto_weighs_staging_only_where_the_regroup_leaves_room(monkeypatch):
+    """MLA rows between block sizes 32 and 128 on random blocks: 256 pieces of 36 kB, where the
+    regroup alone costs more than posting them, so auto reads them in place without looking for
+    extents (stage_runs never runs) -- the choice the whole cost model makes too."""
+    spec = kvc.CacheSpec("mla", 1152, 4, 1)
+    a_plan, b_plan = (kvc.plan_cache([spec], 80, bs, "LBNHC") for bs in (32, 128))
+    g = torch.Generator().manual_seed(3)
+    st, dt = torch.randperm(80, generator=g)[:64], torch.randperm(80, generator=g)[:16]
+    src = kvc.allocate(a_plan)
+    src.buffer.copy_(torch.randint(0, 256, src.buffer.shape, dtype=torch.uint8, generator=g))
+    xp = kvc.TransferPlan(a_plan, b_plan)
+    want = kvc.allocate(b_plan, fill=POISON)
+    kvc.copy_spans(src, want, xp.token_spans(st, dt, 2048))
+    runs = xp.token_runs(st, dt, 2048).numpy()
+    nbytes = int((runs[:, 2] * runs[:, 5]).sum())
+    budget = 0.8 * 256 * kn.paths.DESC_S
+    staged = kn.run_paths.staged_cost(kn.run_paths.stage_runs(runs), 256, nbytes)
+    assert kn.run_paths.regroup_cost(256, nbytes) >= budget and staged >= budget
+
+    def refused(*_a, **_k):
+        raise AssertionError("stage_runs ran")
+    monkeypatch.setattr(kn.run_paths, "stage_runs", refused)
+    with kn.Endpoint("mla-src", src) as a, kn.Endpoint("mla-dst", kvc.allocate(b_plan)) as b:
+        peer = b.add_peer(a.metadata())
+        b.cache.buffer.fill_(POISON)
+        h = b.read_tokens(peer, st, dt, 2048)
+        h.wait(WAIT_S)
+        assert h.stats.path == "plain" and h.stats.spans == 256
+        assert torch.equal(b.cache.buffer, want.buffer)
