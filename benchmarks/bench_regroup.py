@@ -59,7 +59,9 @@ class Model:
     layout: str
 
     def plan_of(self, block_size: int, tokens: int) -> kvc.CachePlan:
-        return kvc.plan_cache([self.spec], tokens * 5 // 4 // block_size, block_size, self.layout)
+        # room for the tables' blocks (a partial last one included) and some to spare
+        blocks = max(tokens * 5 // 4 // block_size, -(-tokens // block_size) + 1)
+        return kvc.plan_cache([self.spec], blocks, block_size, self.layout)
 
 
 _D = 64 * 4  # the Llama's 64 fp32 channels
@@ -168,11 +170,13 @@ def nixl_cases(reqs: list[Request], repeats: int, rounds: int = 5) -> list[dict]
     pairs and the like one share the host's moments (three Endpoints open at a time: each more
     adds its UCX threads to the two cores)."""
     stats, reads, large = ([[] for _ in reqs] for _ in range(3))
+    rounds = min(rounds, repeats)
     for r in range(rounds):
         for i, q in enumerate(reqs):
             n = repeats // rounds + (r < repeats % rounds)
             nixl_reads(q, i, n, stats[i], reads[i], large[i])
-    return [nixl_figures(q.nbytes, st, rd, lg) for q, st, rd, lg in zip(reqs, stats, reads, large)]
+    return [nixl_figures(q.nbytes, st, rd, lg) | {"nixl_rounds": rounds}
+            for q, st, rd, lg in zip(reqs, stats, reads, large)]
 
 
 def nixl_figures(nbytes: int, stats: list, reads: list[float], large: list[float]) -> dict:
@@ -213,8 +217,9 @@ def markdown(m: dict, model: Model, rows: list[dict], repeats: int) -> str:
                          f"{r['regroup_vs_memcpy_1t']:.0%} |")
     if "nixl_read_s" in rows[0]:
         lines += ["", "NIXL (Endpoint.read_tokens, two Endpoints in one process, UCX on "
-                  "loopback), medians, the cases taken in turn in five rounds; the large read: one "
-                  "descriptor of the same bytes:", "",
+                  "loopback), medians, the cases taken in turn in "
+                  f"{rows[0]['nixl_rounds']} rounds; the large read: one descriptor of the same "
+                  "bytes:", "",
                   "| P -> D block | path | parts | pieces posted | plan | build | move "
                   "(regroup inside) | read | GB/s | large read GB/s | read / large |",
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
