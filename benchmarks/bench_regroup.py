@@ -1,7 +1,7 @@
 """A prefill -> decode move between unlike block sizes, phase by phase, next to memcpy.
 
     python benchmarks/bench_regroup.py [--model llama|mla] [--out DIR] [--tokens N] [--repeats 9]
-                                       [--no-nixl]
+                                       [--rounds 5] [--no-nixl]
 
 --model llama (default): the request of benchmarks/bench_vllm_pd.py: vLLM-CPU's cache of an
 8-layer model with 4 KV heads of 64 fp32 channels (K channel-major per (block, head), then V),
@@ -21,7 +21,9 @@ on both sides. Per case:
   torch.get_num_threads() for all three, medians of --repeats;
 - NIXL (two Endpoints in this process, UCX on loopback): Endpoint.read_tokens -- the path auto
   picks, its plan / build / move / regroup seconds from TransferStats -- next to one large NIXL
-  read of the same bytes, interleaved; and each unlike pair's read against the like pair's.
+  read of the same bytes, interleaved, the cases taken in turn --rounds times (finer rounds
+  share the host's moments better: the MLA figures use --repeats 30 --rounds 30); and each
+  unlike pair's read against the like pair's.
 
 Targets (shown, not asserted): plan <= 1 ms; regroup >= 50 % of memcpy; an unlike read >= 80 %
 of the like read's GB/s. Writes regroup_cpu.* (llama) or regroup_mla_cpu.* (mla), .md and .json,
@@ -257,6 +259,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, help="prompt length (llama 8192, mla 2048)")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--no-nixl", action="store_true")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="NIXL reads: the cases taken in turn this many times (Endpoints opened "
+                         "anew each round), --repeats reads of each case in all")
     args = ap.parse_args()
     model = MODELS[args.model]
     tokens = args.tokens or model.tokens
@@ -268,7 +273,7 @@ def main() -> None:
         reqs.append(req)
         print(json.dumps(rows[-1]), flush=True)
     if not args.no_nixl:
-        for row, figures in zip(rows, nixl_cases(reqs, args.repeats)):
+        for row, figures in zip(rows, nixl_cases(reqs, args.repeats, args.rounds)):
             row.update(figures)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
