@@ -142,4 +142,5 @@ def test_spans_of_runs_and_merge_spans_edges():
     assert kvc.merge_spans(empty, empty, empty).shape == (0, 3)
     assert kvc.spans_of_runs(torch.zeros(0, 6, dtype=torch.int64)).shape == (0, 3)
     with pytest.raises(ValueError, match=r"runs\[1\]: count must be >= 1"):
-        kvc.spans_of_runs(torch.tensor([[0, 0, 4, 4, 4, 2], [8, 8, 4, 4, 4, 0]]))
+        kvc.spans_of_runs(torch.tensor([[0, 0, 4, 4, 4, 2], [8, 8, 4, 4, 4, 0],
+                                        [16, 16, 4, 4, 4, -1]]))  # the first bad run named
