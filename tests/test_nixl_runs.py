@@ -177,3 +177,28 @@ def test_auto_weighs_staging_only_where_the_regroup_leaves_room(monkeypatch):
         h.wait(WAIT_S)
         assert h.stats.path == "plain" and h.stats.spans == 256
         assert torch.equal(b.cache.buffer, want.buffer)
+
+
+def test_empty_runs_are_dropped_and_the_callers_runs_left_alone():
+    """Runs of length 0 among others move nothing (every path), runs that are all empty make a
+    finished read of 0 bytes, and a read never changes the runs it was handed."""
+    spec = kvc.CacheSpec("kv", 64, 1)
+    src = kvc.allocate(kvc.plan_cache([spec], 64, 16), fill=0)
+    src.buffer.copy_(torch.arange(src.buffer.numel(), dtype=torch.int64).to(torch.uint8))
+    dst_plan = kvc.plan_cache([spec], 64, 16)
+    runs = torch.tensor([[0, 0, 0, 64, 64, 4], [1024, 2048, 64, 128, 64, 300],
+                         [64, 64, 0, 0, 0, 1]])
+    keep = runs.clone()
+    want = kvc.allocate(dst_plan, fill=POISON)
+    kvc.copy_runs(src, want, runs)
+    with kn.Endpoint("e0-src", src) as a, kn.Endpoint("e0-dst", kvc.allocate(dst_plan)) as b:
+        peer = b.add_peer(a.metadata())
+        for path in ("auto", "plain", "prepared", "strided", "staged"):
+            b.cache.buffer.fill_(POISON)
+            h = b.read(peer, runs, path=path)
+            h.wait(WAIT_S)
+            assert torch.equal(b.cache.buffer, want.buffer), path
+            assert h.stats.bytes == 300 * 64 and h.stats.runs == 3, path
+            assert torch.equal(runs, keep), path
+        h = b.read(peer, runs[[0, 2]])
+        assert h.done() and h.stats.bytes == 0 and h.stats.spans == 0

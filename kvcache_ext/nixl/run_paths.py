@@ -71,9 +71,8 @@ def stage_runs(runs: np.ndarray, gap: int | None = None,
     gap = paths.STAGE_GAP_BYTES if gap is None else gap
     part_bytes = paths.STAGE_PART_BYTES if part_bytes is None else part_bytes
     r = _pieces_of_far_runs(runs, gap)
+    r = np.take(r, np.argsort(r[:, 0], kind="stable"), axis=0)  # take: a fifth of r[order]'s time
     begin = r[:, 0]
-    order = np.argsort(begin, kind="stable")
-    r, begin = r[order], begin[order]
     end = begin + (r[:, 5] - 1) * r[:, 3] + r[:, 2]
     reach = np.maximum.accumulate(end)
     prev = np.concatenate([[begin[0]], reach[:-1]])
@@ -88,9 +87,12 @@ def stage_runs(runs: np.ndarray, gap: int | None = None,
     stream = e_stream[eid] + (begin - e_start[eid])
     cut_run = np.maximum.accumulate(np.where(free_cut, np.arange(r.shape[0]), 0))
     cut_at = stream[cut_run]          # the stream position of the last allowed cut so far
-    _, part = np.unique(cut_at // part_bytes, return_inverse=True)
-    part = part.reshape(-1)
-    firsts = np.searchsorted(part, np.arange(int(part[-1]) + 1))
+    q = cut_at // part_bytes          # nondecreasing: a new part wherever it steps
+    starts = np.empty(q.size, bool)
+    starts[0] = True
+    np.not_equal(q[1:], q[:-1], out=starts[1:])
+    part = np.cumsum(starts) - 1
+    firsts = np.flatnonzero(starts)
     bounds = np.append(cut_at[firsts], int(e_len.sum()))
     return RunStage(r, stream, e_start, e_len, e_stream, part, bounds)
 
