@@ -9,11 +9,14 @@ Both Endpoints live in this process. Without nixl these tests skip, unless KVC_R
 from __future__ import annotations
 
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
 
 import kvcache_ext as kvc
 from conftest import import_nixl
+from test_runs import run_lists
 
 kn = import_nixl()
 
@@ -202,3 +205,20 @@ def test_empty_runs_are_dropped_and_the_callers_runs_left_alone():
             assert torch.equal(runs, keep), path
         h = b.read(peer, runs[[0, 2]])
         assert h.done() and h.stats.bytes == 0 and h.stats.spans == 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(run_lists())
+def test_the_read_paths_numpy_spans_are_the_torch_ones(case):
+    """run_paths' numpy statements of spans_of_runs and merge_spans (a read's descriptor lists)
+    give exactly the torch functions' arrays (test_runs checks those against the rules), as
+    new arrays, never views of the runs."""
+    runs = case[0]
+    r = runs.numpy().copy()
+    p = kn.run_paths.pieces(r)
+    spans = kvc.spans_of_runs(runs)
+    assert p.dtype == np.int64 and np.array_equal(p, spans.numpy())
+    m = kn.run_paths.merged(p[:, 0], p[:, 1], p[:, 2])
+    assert np.array_equal(m, kvc.merge_spans(spans[:, 0], spans[:, 1], spans[:, 2]).numpy())
+    p[:, 0] += 1
+    assert np.array_equal(r, runs.numpy())

@@ -24,7 +24,6 @@ import torch
 
 from ..ops.library import ops as _ops
 from .handle import Part
-from ..transfer.spans import merged, pieces
 from ..transfer.pack import pieces_of
 from . import paths
 from .paths import AUTO_MIN_SPANS, DESC_S, READ_BYTES_PER_S, _lap
@@ -51,6 +50,31 @@ class RunStage:
     @property
     def total(self) -> int:
         return int(self.e_len.sum())
+
+
+def pieces(runs: np.ndarray) -> np.ndarray:
+    """transfer.spans_of_runs on an int64 array [R, 6] of checked runs (count >= 1): a new
+    array. numpy, not torch, on a read's path: its small-array calls cost a fifth of torch's
+    (and the core package needs no numpy, so the torch statement stays there)."""
+    count = runs[:, 5]
+    if bool((count == 1).all()):
+        return runs[:, :3].copy()  # never a view of the caller's runs
+    r = runs[np.repeat(np.arange(runs.shape[0]), count)]
+    j = np.arange(r.shape[0], dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
+    return np.stack([r[:, 0] + j * r[:, 3], r[:, 1] + j * r[:, 4], r[:, 2]], 1)
+
+
+def merged(src: np.ndarray, dst: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """transfer.merge_spans on int64 arrays: sorted by (src, dst), each piece that continues
+    the previous one in both buffers joined to it."""
+    if src.size == 0:
+        return np.zeros((0, 3), np.int64)
+    order = np.lexsort((dst, src))  # by src, then dst; stable, as two stable argsorts are
+    src, dst, length = src[order], dst[order], length[order]
+    cont = np.zeros(src.size, bool)
+    cont[1:] = (src[1:] == src[:-1] + length[:-1]) & (dst[1:] == dst[:-1] + length[:-1])
+    first = np.flatnonzero(~cont)
+    return np.stack([src[first], dst[first], np.add.reduceat(length, first)], 1)
 
 
 def _pieces_of_far_runs(r: np.ndarray, gap: int) -> np.ndarray:
