@@ -52,21 +52,11 @@ class RunStage:
         return int(self.e_len.sum())
 
 
-def pieces(runs: np.ndarray) -> np.ndarray:
-    """transfer.spans_of_runs on an int64 array [R, 6] of checked runs (count >= 1): a new
-    array. numpy, not torch, on a read's path: its small-array calls cost a fifth of torch's
-    (and the core package needs no numpy, so the torch statement stays there)."""
-    count = runs[:, 5]
-    if bool((count == 1).all()):
-        return runs[:, :3].copy()  # never a view of the caller's runs
-    r = runs[np.repeat(np.arange(runs.shape[0]), count)]
-    j = np.arange(r.shape[0], dtype=np.int64) - np.repeat(np.cumsum(count) - count, count)
-    return np.stack([r[:, 0] + j * r[:, 3], r[:, 1] + j * r[:, 4], r[:, 2]], 1)
-
-
 def merged(src: np.ndarray, dst: np.ndarray, length: np.ndarray) -> np.ndarray:
     """transfer.merge_spans on int64 arrays: sorted by (src, dst), each piece that continues
-    the previous one in both buffers joined to it."""
+    the previous one in both buffers joined to it. numpy, not torch, on a read's path: its
+    small-array calls cost a fifth of torch's (the core package needs no numpy, so the torch
+    statement stays there)."""
     if src.size == 0:
         return np.zeros((0, 3), np.int64)
     order = np.lexsort((dst, src))  # by src, then dst; stable, as two stable argsorts are
@@ -204,7 +194,7 @@ def run_parts(ep, peer, op: str, runs: np.ndarray, path: str, stats):
         runs = _pieces_of(runs, runs[:, 3] < runs[:, 2])  # overlapping source pieces, one by one
         _lap(stats, "lists_s", t)
         return path, paths.strided_parts(ep, peer, op, runs, stats), None
-    p = pieces(runs)
+    p = pieces_of(runs)  # spans_of_runs in numpy: a new array, one row per piece
     s = merged(p[:, 0], p[:, 1], p[:, 2])
     remote_off, local_off = (s[:, 0], s[:, 1]) if op == "READ" else (s[:, 1], s[:, 0])
     _lap(stats, "lists_s", t)
