@@ -132,8 +132,8 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
                          read_ok=bool(last.get("ok")),
                          **{k: last.get(k) for k in ("peer_s", "acquire_s", "plan_s",
                                                      "plan_cpu_s", "runs", "build_s", "move_s",
-                                                     "unpack_s", "pack_s", "pack_wait_s",
-                                                     "pack_refused")})
+                                                     "unpack_s", "pack_s", "pack_cpu_s",
+                                                     "pack_wait_s", "pack_refused")})
             else:
                 def delta(k: str) -> float:
                     return m1.get(f"vllm:nixl_{k}", 0) - m0.get(f"vllm:nixl_{k}", 0)
@@ -212,7 +212,8 @@ def summarize(out: dict) -> dict:
         "plan_s_max": most("plan_s"), "plan_cpu_s_max": most("plan_cpu_s"),
         "first_request_plan_s": reqs[0].get("plan_s") if reqs else None,
         "first_request_plan_cpu_s": reqs[0].get("plan_cpu_s") if reqs else None,
-        "unpack_s": med("unpack_s"), "pack_s": med("pack_s"), "pack_wait_s": med("pack_wait_s"),
+        "unpack_s": med("unpack_s"), "pack_s": med("pack_s"), "pack_cpu_s": med("pack_cpu_s"),
+        "pack_wait_s": med("pack_wait_s"),
         "logprob_diff": most("logprob_diff", reqs),
         "finish": sorted({str(r["finish"]) for r in reqs}),
         "engine_errors": list(dict.fromkeys(e for r in reqs for e in r.get("engine_errors", [])
@@ -231,7 +232,7 @@ def markdown(res: dict) -> str:
              "| connector | P block -> D block | served right | TTFT | recompute TTFT | "
              "first request TTFT | MB moved | descriptors NIXL posted | path | transfer | GB/s | "
              "of which planning, wall / CPU | of which regroup | "
-             "regroup on the prefill engine (packing), of which waited for | "
+             "regroup on the prefill engine (packing), wall / CPU, of which waited for | "
              "max first-token logprob diff |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
@@ -250,8 +251,9 @@ def markdown(res: dict) -> str:
             f"{ms(s.get('first_request_plan_cpu_s'))})")
         if not s["ttft_s"]:
             served += f", finish {', '.join(s['finish'])}"
-        packing = "-" if not s.get("pack_s") else (f"{ms(s['pack_s'])}, "
-                                                   f"{ms(s.get('pack_wait_s'))}")
+        packing = "-" if not s.get("pack_s") else (
+            f"{ms(s['pack_s'])}" + (f" / {ms(s['pack_cpu_s'])}" if s.get("pack_cpu_s") else "")
+            + f", {ms(s.get('pack_wait_s'))}")
         lines.append(f"| {r['connector']} | {r['prefill_block']} -> {r['decode_block']} | {served} "
                      f"| {f(s['ttft_s'], '.3f')} s | {f(s['recompute_ttft_s'], '.3f')} s | "
                      f"{f(s['first_request_ttft_s'], '.3f')} s | "

@@ -91,6 +91,7 @@ def test_a_producer_with_a_pack_buffer_packs_for_unlike_consumers(run) -> None:
     assert len(packed) >= 2 * len(LENGTHS) + 1, [r["path"] for r in run["reads"]["c"]]
     for r in packed:
         assert r["pack_s"] > 0 and r["pack_wait_s"] >= 0 and "pack_refused" not in r, r
+        assert 0 < r["pack_cpu_s"] <= r["pack_s"] + 1e-3, r
     assert not [r for r in run["reads"]["a"] if r["path"] == "packed"]
     # eight prompts at once from a to c need 1.73 MB packed: those that found the 1 MiB full
     # were read unpacked, and said why

@@ -9,13 +9,15 @@ import dataclasses
 import time
 from typing import Callable
 
+import numpy as np
 import torch
 
-from ..transfer import as_runs, as_spans, check_runs, merge_spans, spans_of_runs
-from ..transfer.pack import split_runs
+from ..transfer import as_runs, as_spans, check_runs
+from ..transfer.pack import pieces_of, split_runs
 from . import paths
 from .handle import TransferHandle, TransferStats
 from .peers import Peer
+from .run_paths import merged
 
 
 class ExposedReads:
@@ -39,15 +41,16 @@ class ExposedReads:
             runs = torch.cat([sp, sp[:, 2:].repeat(1, 2), torch.ones_like(sp[:, :1])], 1)
         runs = as_runs(runs)
         check_runs(runs, via.nbytes, self.cache.buffer.numel())
-        spans = merge_spans(*spans_of_runs(runs[runs[:, 2] > 0]).unbind(1))
+        r = runs.numpy()  # the plain path's lists in numpy, as run_paths builds them
+        p = pieces_of(r[r[:, 2] > 0])
+        spans = merged(p[:, 0], p[:, 1], p[:, 2])
         stats = TransferStats(path="plain", spans=int(spans.shape[0]),
-                              bytes=int(spans[:, 2].sum()) if spans.numel() else 0,
-                              runs=int(runs.shape[0]))
+                              bytes=int(spans[:, 2].sum()), runs=int(runs.shape[0]))
         if stats.bytes == 0:
             return TransferHandle(self, peer, "READ", [], stats)
         if bounds is None:
             bounds = (0, via.nbytes)
-        one = torch.cat([spans, spans[:, 2:].repeat(1, 2), torch.ones_like(spans[:, :1])], 1)
+        one = np.concatenate([spans, spans[:, 2:], spans[:, 2:], np.ones_like(spans[:, :1])], 1)
         parts = []
         for p, cut in enumerate(split_runs(one, 0, bounds)):
             if cut.numel():

@@ -39,7 +39,8 @@ class TransferStats:
     plan_cpu_s the planning thread's CPU time in it (the rest: waiting for the GIL or a core).
     Where a transfer's time went: plan_s, then build_s, then move_s, of which unpack_s is the
     regroup; a packed read (path "packed", kvcache_ext.vllm) has the producer's re-tiling as
-    pack_s and the consumer's wait for it as pack_wait_s."""
+    pack_s (pack_cpu_s of it the packing thread's CPU time: the rest, waiting for the producer's
+    core or GIL) and the consumer's wait for it as pack_wait_s."""
 
     path: str                 # "plain", "prepared", "strided", "staged" or "packed"
     spans: int                # spans asked for (runs: the pieces they stand for)
@@ -59,6 +60,7 @@ class TransferStats:
     unpack_s: float = 0.0
     pack_s: float = 0.0       # a packed read (kvcache_ext.vllm): the producer's re-tiling into
     #                           the consumer's page form, as it reports it (its own core)
+    pack_cpu_s: float = 0.0   # a packed read: the producer's packing thread's CPU in pack_s
     pack_wait_s: float = 0.0  # a packed read: the consumer waiting for parts to be packed
     #                           (the wait for part 0 is not counted in build_s)
 

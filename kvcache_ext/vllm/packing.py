@@ -103,7 +103,7 @@ class PackBuffer:
         the consumer then reads our cache as it is. alive(): the producer still holds rid's
         blocks (checked after the range is lent and before each part: a hold released meanwhile
         frees the range, and a pack never reads blocks given back to vLLM)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             dst = plan_from_dict(ask["plan"])
             start, count = int(ask["start"]), int(ask["count"])
@@ -144,7 +144,8 @@ class PackBuffer:
                     runs = runs[torch.argsort(runs[:, 0])]
                     runs[:, 1] += at
                     _ops.copy_runs(cache, self.buffer, runs)
-                yield {"ok": True, "part": p, "pack_s": time.perf_counter() - t0}, b""
+                yield {"ok": True, "part": p, "pack_s": time.perf_counter() - t0,
+                       "pack_cpu_s": time.thread_time() - c0}, b""
         finally:
             self._packed(rid, at)
 
@@ -194,7 +195,7 @@ def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Ten
         at = int(packed["offset"])
         runs[:, 0] += at  # the sources in the producer's exposed buffer (runs is this read's)
         plan_s, plan_cpu_s = time.perf_counter() - t, time.thread_time() - c
-        seen, waited, pack_s, first_wait = [-1], [0.0], [0.0], [0.0]
+        seen, waited, pack_s, first_wait = [-1], [0.0], [0.0, 0.0], [0.0]
 
         def ready(p: int) -> None:  # part p is packed: the producer said so (parts in order)
             tw = time.perf_counter()
@@ -203,7 +204,8 @@ def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Ten
                 if not msg.get("ok") or "part" not in msg:
                     raise RuntimeError(f"the producer did not pack part {p} of {pr.parts}: "
                                        f"{msg.get('why', msg)}")
-                seen[0], pack_s[0] = int(msg["part"]), float(msg.get("pack_s", 0.0))
+                seen[0] = int(msg["part"])
+                pack_s[:] = float(msg.get("pack_s", 0.0)), float(msg.get("pack_cpu_s", 0.0))
             waited[0] += time.perf_counter() - tw
             if p == 0:  # waited inside the first part's build: pack_wait_s, not build_s
                 first_wait[0] = waited[0]
@@ -221,6 +223,6 @@ def read_packed(ep: kvc_nixl.Endpoint, peer: kvc_nixl.Peer, dst_table: torch.Ten
         replies.close()
     stats = handle.stats
     stats.path, stats.plan_s, stats.plan_cpu_s = "packed", plan_s, plan_cpu_s
-    stats.pack_wait_s, stats.pack_s = waited[0], pack_s[0]
+    stats.pack_wait_s, (stats.pack_s, stats.pack_cpu_s) = waited[0], pack_s
     stats.build_s = max(0.0, stats.build_s - first_wait[0])
     return stats, runs

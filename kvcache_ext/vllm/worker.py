@@ -352,7 +352,7 @@ class WorkerSide:
                    "path": xfer.path if xfer else "", "pieces": xfer.pieces if xfer else 0,
                    "staged_bytes": xfer.staged_bytes if xfer else 0,
                    **({k: getattr(xfer, k) for k in ("build_s", "move_s", "unpack_s", "pack_s",
-                                                     "pack_wait_s")}
+                                                     "pack_cpu_s", "pack_wait_s")}
                       if xfer else {})}
             with self._cond, open(self.cfg.stats_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")

@@ -59,6 +59,7 @@ def test_a_pack_stream_read_by_the_consumer_lands_the_direct_moves_bytes(blocks,
         stats, runs = read_packed(cons, peer, dst_table, start, count, first["packed"], stream,
                                   lambda: 20.0)
         assert stats.path == "packed" and stats.parts > 1 and stats.pack_s > 0
+        assert 0 < stats.pack_cpu_s <= stats.pack_s + 1e-3  # thread_time ticks coarser
         assert stats.bytes == count * SPEC.row_bytes * SPEC.num_layers * SPEC.num_heads
         want = kvc.allocate(cons.plan, fill=0xFF)
         spans = kvc.TransferPlan(prod.plan, cons.plan).token_spans(src_table, dst_table, count,
@@ -104,6 +105,8 @@ def test_a_packed_reads_wait_for_its_first_part_is_pack_wait_not_build_time():
         stats, _ = read_packed(cons, peer, torch.arange(15), 0, 700, first["packed"],
                                late(stream), lambda: 20.0, plans)
         assert stats.pack_wait_s >= 0.3 and stats.build_s < 0.3 and stats.parts > 1
+        # the producer's stream stood still 0.3 s between parts: wall time, not its CPU time
+        assert stats.pack_s >= 0.3 and 0 < stats.pack_cpu_s < 0.3, stats
     finally:
         cons.close()
         prod.close()
