@@ -88,6 +88,14 @@ def test_split_runs_cuts_runs_and_pieces_at_the_bounds():
         [[0, 1000, 10, 10, 10, 1], [16, 1010, 10, 10, 10, 1], [32, 1020, 8, 8, 8, 1]],
         [[48, 1030, 10, 10, 10, 1], [100, 2000, 20, 20, 20, 1], [40, 1028, 2, 2, 2, 1]],
         [[120, 2020, 30, 30, 30, 1]]]
+    # order_col: the same runs in each part, sorted by that column (here part 1's source order)
+    ordered = split_runs(runs, 0, [0, 40, 120, 200], order_col=0)
+    assert [p.tolist() for p in ordered] == [
+        [[0, 1000, 10, 10, 10, 1], [16, 1010, 10, 10, 10, 1], [32, 1020, 8, 8, 8, 1]],
+        [[40, 1028, 2, 2, 2, 1], [48, 1030, 10, 10, 10, 1], [100, 2000, 20, 20, 20, 1]],
+        [[120, 2020, 30, 30, 30, 1]]]
+    by_dst = split_runs(runs, 0, [0, 40, 120, 200], order_col=1)
+    assert [p[:, 1].tolist() for p in by_dst] == [[1000, 1010, 1020], [1028, 1030, 2000], [2020]]
     with pytest.raises(ValueError, match="outside the bounds"):
         split_runs(runs, 1, [0, 40])
     with pytest.raises(ValueError, match="col"):

@@ -170,12 +170,13 @@ def pieces_of(f: np.ndarray) -> np.ndarray:
     return g
 
 
-def split_runs(runs: torch.Tensor, col: int, bounds) -> list[torch.Tensor]:
+def split_runs(runs: torch.Tensor, col: int, bounds,
+               order_col: int | None = None) -> list[torch.Tensor]:
     """Runs [R, 6] (src, dst, length, src_stride, dst_stride, count) cut at the byte offsets
     `bounds` of their source (col 0) or destination (col 1) side: one int64 [*, 6] per part
     [bounds[p], bounds[p + 1]), together the same bytes. A run whose pieces lie in one part
     stays whole; one that crosses a bound becomes its pieces, and a piece that crosses one is
-    cut there."""
+    cut there. order_col: each part's runs sorted by that column (one sort for all parts)."""
     if col not in (0, 1):
         raise ValueError(f"col must be 0 (source) or 1 (destination), got {col!r}")
     b = np.asarray(bounds, dtype=np.int64)
@@ -216,7 +217,8 @@ def split_runs(runs: torch.Tensor, col: int, bounds) -> list[torch.Tensor]:
             parts.append(p[cross])
             g = tail
     allr, allp = np.concatenate(out), np.concatenate(parts)
-    order = np.argsort(allp, kind="stable")
+    order = (np.argsort(allp, kind="stable") if order_col is None
+             else np.lexsort((allr[:, order_col], allp)))
     allr, allp = allr[order], allp[order]
     cuts = np.searchsorted(allp, np.arange(b.size))
     return [torch.from_numpy(np.ascontiguousarray(allr[cuts[i]:cuts[i + 1]]))

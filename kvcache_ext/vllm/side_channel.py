@@ -20,20 +20,52 @@ def send(sock: socket.socket, message: dict, blob: bytes = b"") -> None:
     sock.sendall(_HEADER.pack(len(head), len(blob)) + head + blob)
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    parts, got = [], 0
-    while got < n:
-        chunk = sock.recv(min(n - got, 1 << 20))
-        if not chunk:
+class Reader:
+    """The messages of one connection, in order, read in as few recv calls as the bytes allow:
+    replies that have already arrived are parsed from what one recv brought in (up to 64 KiB),
+    not fetched a recv each -- every socket call (settimeout too) lets go of the GIL, and in an
+    engine's worker, whose main thread keeps it busy, taking it back can cost a switch interval
+    (5 ms). left(): the seconds left to the caller's deadline, set as the socket's timeout
+    before each recv (none: the socket's own)."""
+
+    def __init__(self, sock: socket.socket, left: Callable[[], float] | None = None) -> None:
+        self.sock, self.left = sock, left
+        self._buf = bytearray()
+
+    def _fill(self, need: int) -> bool:
+        """At least `need` bytes buffered; False at the end of the stream with none buffered."""
+        while len(self._buf) < need:
+            if self.left is not None:
+                self.sock.settimeout(self.left())
+            chunk = self.sock.recv(min(max(need - len(self._buf), 1 << 16), 1 << 20))
+            if not chunk:
+                if self._buf:
+                    raise ConnectionError("the side channel closed mid-message")
+                return False
+            self._buf += chunk
+        return True
+
+    def message(self) -> tuple[dict, bytes] | None:
+        """The next message, or None where the peer closed the connection between messages."""
+        if not self._fill(_HEADER.size):
+            return None
+        n_head, n_blob = _HEADER.unpack_from(self._buf)
+        end = _HEADER.size + n_head + n_blob
+        if not self._fill(end):
             raise ConnectionError("the side channel closed mid-message")
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
+        head, blob = self._buf[_HEADER.size:_HEADER.size + n_head], self._buf[end - n_blob:end]
+        message, blob = json.loads(bytes(head)), bytes(blob)
+        del self._buf[:end]
+        return message, blob
 
 
 def recv(sock: socket.socket) -> tuple[dict, bytes]:
-    n_head, n_blob = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
-    return json.loads(_recv_exactly(sock, n_head)), _recv_exactly(sock, n_blob)
+    """One message (ConnectionError if the connection closes first). Reads past it: for a
+    connection that carries one message, as call() and the server's requests do."""
+    got = Reader(sock).message()
+    if got is None:
+        raise ConnectionError("the side channel closed before a message")
+    return got
 
 
 def stream(host: str, port: int, message: dict,
@@ -45,12 +77,12 @@ def stream(host: str, port: int, message: dict,
     with socket.create_connection((host, port), timeout=left()) as sock:
         sock.settimeout(left())
         send(sock, message)
+        reader = Reader(sock, left)
         while True:
-            sock.settimeout(left())
-            first = sock.recv(1, socket.MSG_PEEK)
-            if not first:
+            got = reader.message()
+            if got is None:
                 return
-            yield recv(sock)
+            yield got
 
 
 def call(host: str, port: int, message: dict, timeout_s: float) -> tuple[dict, bytes]:
