@@ -42,8 +42,8 @@ class ExposedReads:
         runs = as_runs(runs)
         check_runs(runs, via.nbytes, self.cache.buffer.numel())
         r = runs.numpy()  # the plain path's lists in numpy, as run_paths builds them
-        p = pieces_of(r[r[:, 2] > 0])
-        spans = merged(p[:, 0], p[:, 1], p[:, 2])
+        pcs = pieces_of(r[r[:, 2] > 0])
+        spans = merged(pcs[:, 0], pcs[:, 1], pcs[:, 2])
         stats = TransferStats(path="plain", spans=int(spans.shape[0]),
                               bytes=int(spans[:, 2].sum()), runs=int(runs.shape[0]))
         if stats.bytes == 0:
