@@ -102,6 +102,7 @@ def one_request(p, d, ids: list[int], i: int, connector: str, stats: str, logs: 
     tag = f"-{salt}" if salt else ""
     pre = p.generate([Prompt(ids, 1, {"do_remote_decode": True}, salt=salt)], args.timeout_s)[0]
     m0 = d.metrics()
+    before = len(read_stats(stats)) if connector.startswith("kvcache_ext") else 0
     got = d.generate([Prompt(ids, 1, dict(pre.params or {}), salt=salt)], args.timeout_s)[0]
     m1 = d.metrics()
     own = d.generate([Prompt(ids, 1, salt=f"recompute{tag}-{i}")], args.timeout_s)[0]
@@ -112,8 +113,13 @@ def one_request(p, d, ids: list[int], i: int, connector: str, stats: str, logs: 
              m1.get("vllm:external_prefix_cache_hits", 0)
              - m0.get("vllm:external_prefix_cache_hits", 0)}
     if connector.startswith("kvcache_ext"):
-        log = read_stats(stats)
-        last = log[-1] if log else {}
+        # this hand-off's read: a line the decode engine wrote since (its stats file may be
+        # shared with other pairs); none: the fields stay empty and read_ok False
+        new, t = read_stats(stats)[before:], time.monotonic()
+        while not new and time.monotonic() - t < 2.0:
+            time.sleep(0.05)
+            new = read_stats(stats)[before:]
+        last = new[-1] if new else {}
         r.update(bytes=last.get("bytes", 0), descriptors=last.get("pieces", 0),
                  spans=last.get("spans", 0), path=last.get("path", ""),
                  transfer_s=last.get("read_s", 0.0), load_s=last.get("seconds", 0.0),
@@ -183,14 +189,21 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
     return summarize(out)
 
 
+def _engines_of(connector: str, bp: int, bd: int) -> set[tuple]:
+    """The shared engines an interleaved pair runs on: its prefill and its decode engine."""
+    return {("P", connector == "kvcache_ext_packed", bp), ("D", bd)}
+
+
 def run_interleaved(eng: Engines, pairs: list[tuple[str, int, int]], prompts: list[list[int]],
-                    args, log_dir: str) -> list[dict]:
+                    args, log_dir: str, on_round=None) -> list[dict]:
     """KvcacheExtConnector's pairs on shared engines (a prefill engine per block size, with
     and without a pack buffer, on core 0; a decode engine per block size on core 1), request i
     of every pair before request i + 1 of any (round i starting at pair i, so no pair always
     follows the same one), each pair's requests under a salt of their own:
     the pairs share the host's slow and fast moments, which on a shared VM move a like read's
-    time more than the plan does."""
+    time more than the plan does. A pair whose engine fails or hangs ends, with every pair that
+    shares that engine (a late answer could be read as the next command's); on_round(summaries)
+    after each round, so a run cut short keeps what it measured."""
     os.makedirs(log_dir, exist_ok=True)
     t = time.time()
     producers, consumers, logs_of = {}, {}, {}
@@ -212,9 +225,15 @@ def run_interleaved(eng: Engines, pairs: list[tuple[str, int, int]], prompts: li
     outs = [{"connector": c, "prefill_block": bp, "decode_block": bd, "requests": []}
             for c, bp, bd in pairs]
     seen: dict = {}
+    lost = (TimeoutError, RuntimeError, EOFError, OSError)  # an engine that hangs, fails or died
     try:
-        for e in [*producers.values(), *consumers.values()]:
-            eng.wait(e, args.timeout_s)
+        try:
+            for e in [*producers.values(), *consumers.values()]:
+                eng.wait(e, args.timeout_s)
+        except lost as e:
+            for o in outs:
+                o["error"] = f"{type(e).__name__}: {e}"[:2000]
+            return [summarize(o) for o in outs]
         for o in outs:
             o["start_s"] = time.time() - t
         errors_since(list(logs_of.values()), seen)  # start-up's lines are not a request's
@@ -230,12 +249,18 @@ def run_interleaved(eng: Engines, pairs: list[tuple[str, int, int]], prompts: li
                 try:
                     r = one_request(p, d, ids, i, connector, stats, logs, seen, args,
                                     salt=f"{connector}-{bp}-{bd}")
-                except (TimeoutError, RuntimeError) as e:  # this pair ends; the others go on
-                    out["error"] = f"{type(e).__name__}: {e}"[:2000]
-                    out["engine_errors"] = errors_since(logs, seen)
+                except lost as e:  # the pairs on these engines end; the others go on
+                    why, errs = f"{type(e).__name__}: {e}"[:2000], errors_since(logs, seen)
+                    mine = _engines_of(connector, bp, bd)
+                    for pair, o in zip(pairs, outs):
+                        if "error" not in o and _engines_of(*pair) & mine:
+                            o["error"] = why if o is out else f"shares an engine with: {why}"
+                            o["engine_errors"] = errs
                     continue
                 out["requests"].append(r)
                 _said(connector, bp, bd, i, r)
+            if on_round is not None:
+                on_round([summarize(dict(o)) for o in outs])
     finally:
         for e in [*producers.values(), *consumers.values()]:
             e.stop()
@@ -327,9 +352,13 @@ def main() -> None:
         if res["interleaved"]:
             print(f"interleaved: {', '.join(f'{c} {bp}->{bd}' for c, bp, bd in mine)}",
                   flush=True)
-            res["pairs"] += run_interleaved(eng, mine, prompts, args,
-                                            os.path.join(log_dir, "interleaved"))
-            write(res, args)
+            done = len(res["pairs"])
+
+            def keep(rows: list[dict]) -> None:  # each round's figures, as a pair's are
+                res["pairs"][done:] = rows
+                write(res, args)
+            keep(run_interleaved(eng, mine, prompts, args, os.path.join(log_dir, "interleaved"),
+                                 keep))
             todo = [x for x in todo if x not in mine]
         for connector, bp, bd in todo:
             print(f"{connector}: prefill block {bp} -> decode block {bd}", flush=True)

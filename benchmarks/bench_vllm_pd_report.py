@@ -50,7 +50,8 @@ def markdown(res: dict) -> str:
              f"{res['tokens']} tokens; medians of requests 2..{res['requests']}"
              + ("; KvcacheExtConnector's pairs interleaved (request i of every pair before "
                 "request i + 1 of any, on shared engines, each pair under a cache salt of "
-                "its own)" if res.get("interleaved") else ""), "",
+                "its own; so a pair's first request ran on engines that may have served "
+                "another pair's first one)" if res.get("interleaved") else ""), "",
              "| connector | P block -> D block | served right | TTFT | recompute TTFT | "
              "first request TTFT | MB moved | descriptors NIXL posted | path | transfer | GB/s | "
              "of which planning, wall / CPU | of which regroup | "

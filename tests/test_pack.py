@@ -96,6 +96,12 @@ def test_split_runs_cuts_runs_and_pieces_at_the_bounds():
         [[120, 2020, 30, 30, 30, 1]]]
     by_dst = split_runs(runs, 0, [0, 40, 120, 200], order_col=1)
     assert [p[:, 1].tolist() for p in by_dst] == [[1000, 1010, 1020], [1028, 1030, 2000], [2020]]
+    # the producer's case: cut on the destination, each part in source order, where a later
+    # part holds smaller sources than an earlier one (one sort of all runs by source fails it)
+    back = torch.tensor([[500, 0, 10, 10, 10, 1], [100, 10, 10, 10, 10, 1],
+                         [50, 20, 10, 10, 10, 1], [10, 30, 10, 10, 10, 1]], dtype=torch.int64)
+    assert [p[:, 0].tolist() for p in split_runs(back, 1, [0, 20, 40], order_col=0)] == [
+        [100, 500], [10, 50]]
     with pytest.raises(ValueError, match="outside the bounds"):
         split_runs(runs, 1, [0, 40])
     with pytest.raises(ValueError, match="col"):

@@ -72,8 +72,8 @@ def stream(host: str, port: int, message: dict,
            left: Callable[[], float]) -> Iterator[tuple[dict, bytes]]:
     """One request and the replies the producer streams back, as they come, until it closes
     the connection; every wait ends by the caller's deadline (left(): the seconds left to it,
-    asked before each reply: TimeoutError once it has passed). Closing the generator closes the
-    connection."""
+    asked before each recv, so a reply already read in comes back without asking: the socket
+    times out once it has passed). Closing the generator closes the connection."""
     with socket.create_connection((host, port), timeout=left()) as sock:
         sock.settimeout(left())
         send(sock, message)

@@ -89,3 +89,22 @@ def test_a_connection_closed_mid_message_raises_and_between_messages_ends(cut):
         c.close()
         with pytest.raises(ConnectionError, match="closed before a message"):
             recv(d)
+
+
+@pytest.mark.parametrize("blob_bytes", [0, (1 << 16) - 1, (1 << 16) + 1, (1 << 20) + 1, 3 << 20])
+def test_blobs_past_one_recv_keep_their_bytes_and_the_next_message(blob_bytes):
+    a, b = socket.socketpair()
+    with a, b:
+        blob = bytes(range(251)) * (blob_bytes // 251) + bytes(blob_bytes % 251)
+
+        def write() -> None:  # a blob larger than the socket's buffer needs a reader meanwhile
+            send(a, {"ok": True, "n": blob_bytes}, blob)
+            send(a, {"ok": True, "part": 1})
+            a.shutdown(socket.SHUT_WR)
+        t = threading.Thread(target=write)
+        t.start()
+        reader = Reader(b, left=lambda: 10.0)
+        assert reader.message() == ({"ok": True, "n": blob_bytes}, blob)
+        assert reader.message() == ({"ok": True, "part": 1}, b"")
+        assert reader.message() is None
+        t.join()
