@@ -127,7 +127,7 @@ def one_request(p, d, ids: list[int], i: int, connector: str, stats: str, logs: 
                  **{k: last.get(k) for k in ("peer_s", "acquire_s", "plan_s",
                                              "plan_cpu_s", "runs", "build_s", "move_s",
                                              "unpack_s", "pack_s", "pack_cpu_s",
-                                             "pack_wait_s", "pack_refused")})
+                                             "pack_wait_s", "pack_refused", "steps")})
     else:
         def delta(k: str) -> float:
             return m1.get(f"vllm:nixl_{k}", 0) - m0.get(f"vllm:nixl_{k}", 0)
@@ -153,6 +153,11 @@ def _said(connector: str, bp: int, bd: int, i: int, r: dict) -> None:
           f"{r['bytes']} B in {r['descriptors']} descriptors", flush=True)
 
 
+def idle_wait(args) -> dict:
+    """The decode engine's idle_wait_ms when --idle-wait-ms is given (else the connector's)."""
+    return {} if args.idle_wait_ms is None else {"idle_wait_ms": float(args.idle_wait_ms)}
+
+
 def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[int]],
              args, log_dir: str) -> dict:
     """One pair on engines of its own, its requests one after another."""
@@ -160,7 +165,7 @@ def run_pair(eng: Engines, connector: str, bp: int, bd: int, prompts: list[list[
     stats = os.path.join(log_dir, f"reads-{bp}-{bd}.jsonl")
     kw = engine_kw(connector, args)
     if connector.startswith("kvcache_ext"):
-        extra_p, extra_d, env_p, env_d = {}, {"stats_path": stats}, {}, {}
+        extra_p, extra_d, env_p, env_d = {}, {"stats_path": stats, **idle_wait(args)}, {}, {}
         if connector == "kvcache_ext_packed":
             extra_p["pack_buffer_mb"] = float(args.pack_mb)
     else:
@@ -220,7 +225,8 @@ def run_interleaved(eng: Engines, pairs: list[tuple[str, int, int]], prompts: li
             name = f"D{bd}"
             logs_of[name] = os.path.join(log_dir, f"{name}.log")
             consumers[bd] = eng.start(
-                name, bd, 1, extra={"stats_path": os.path.join(log_dir, f"reads-{name}.jsonl")},
+                name, bd, 1, extra={"stats_path": os.path.join(log_dir, f"reads-{name}.jsonl"),
+                                    **idle_wait(args)},
                 wait=False, log_path=logs_of[name], **kw)
     outs = [{"connector": c, "prefill_block": bp, "decode_block": bd, "requests": []}
             for c, bp, bd in pairs]
@@ -311,6 +317,9 @@ def main() -> None:
     ap.add_argument("--sequential", action="store_true",
                     help="KvcacheExtConnector's pairs one after another, each on engines of "
                          "its own (default: interleaved on shared engines)")
+    ap.add_argument("--idle-wait-ms", type=float, default=None,
+                    help="the decode engines' idle_wait_ms (KvcacheExtConnector's default when "
+                         "not given; 0: an idle step never waits for a read)")
     args = ap.parse_args()
     m = MODELS[args.model]
     args.requests = args.requests or m["requests"]
@@ -339,7 +348,7 @@ def main() -> None:
         about = ("tiny DeepSeek-V4 (compress ratios [0, 4, 128, 4], vLLM's dummy weights seeded "
                  "per weight over +-0.5), fp8_ds_mla cache in five groups, BLHNC")
     res = {"meta": meta(), "tokens": args.tokens, "requests": args.requests, "model": about,
-           "pairs": []}
+           "pairs": [], "idle_wait_ms": args.idle_wait_ms}
     rng = random.Random(0)
     lo, hi = MODELS[args.model]["ids"]
     prompts = [[rng.randrange(lo, hi) for _ in range(args.tokens)] for _ in range(args.requests)]

@@ -51,7 +51,9 @@ def markdown(res: dict) -> str:
              + ("; KvcacheExtConnector's pairs interleaved (request i of every pair before "
                 "request i + 1 of any, on shared engines, each pair under a cache salt of "
                 "its own; so a pair's first request ran on engines that may have served "
-                "another pair's first one)" if res.get("interleaved") else ""), "",
+                "another pair's first one)" if res.get("interleaved") else "")
+             + (f"; decode engines' idle_wait_ms {res['idle_wait_ms']:g}"
+                if res.get("idle_wait_ms") is not None else ""), "",
              "| connector | P block -> D block | served right | TTFT | recompute TTFT | "
              "first request TTFT | MB moved | descriptors NIXL posted | path | transfer | GB/s | "
              "of which planning, wall / CPU | of which regroup | "

@@ -32,8 +32,17 @@ class ConnectorConfig:
     #                                 with another block size while that consumer reads it (the
     #                                 re-tiling on the producer's core: the consumer reads whole
     #                                 pages); 0: consumers re-tile what they read themselves
+    idle_wait_ms: float = 5.0      # a step that runs nothing while this worker reads a prompt
+    #                                 (consumer) or holds one for a reader (producer) waits up to
+    #                                 this long for the read to end or the hold to be released
+    #                                 before it answers vLLM, instead of returning at once:
+    #                                 vLLM's engine loop would otherwise step without pause,
+    #                                 taking the core and the GIL the read (or the producer's
+    #                                 packing) needs. A request that arrives meanwhile is
+    #                                 scheduled this much later at most; 0: no wait
     stats_path: str = ""           # consumer: one JSON line per read appended here (request,
-    #                                 start, tokens, spans, bytes, seconds, ok, error; the read's
+    #                                 start, tokens, spans, bytes, seconds, steps (engine steps
+    #                                 while it was in flight), ok, error; the read's
     #                                 path, pieces NIXL posted, staged_bytes; the seconds of each
     #                                 stage: peer_s, acquire_s, plan_s (plan_cpu_s: its CPU
     #                                 time), read_s)
@@ -58,6 +67,9 @@ class ConnectorConfig:
         if not cfg.pack_buffer_mb >= 0:
             raise ValueError(f"kv_connector_extra_config['pack_buffer_mb'] must be >= 0, got "
                              f"{cfg.pack_buffer_mb!r}")
+        if not cfg.idle_wait_ms >= 0:
+            raise ValueError(f"kv_connector_extra_config['idle_wait_ms'] must be >= 0, got "
+                             f"{cfg.idle_wait_ms!r}")
         for name in ("hold_timeout_s", "read_timeout_s"):
             if not getattr(cfg, name) > 0:
                 raise ValueError(f"kv_connector_extra_config[{name!r}] must be > 0, got "

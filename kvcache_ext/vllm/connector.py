@@ -50,7 +50,7 @@ class KvcacheExtConnector(KVConnectorBase_V1, SupportsHMA):
         self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output):
-        return self.scheduler.build_connector_meta()
+        return self.scheduler.build_connector_meta(scheduler_output)
 
     def request_finished(self, request, block_ids):  # one KV-cache group (HMA off)
         return self.scheduler.request_finished(request, (block_ids,))

@@ -98,6 +98,9 @@ class SchedulerSide:
             "remote_instance": self.address.instance, "remote_generation": generation,
         }
 
-    def build_connector_meta(self) -> KvcacheExtMetadata:
+    def build_connector_meta(self, scheduler_output=None) -> KvcacheExtMetadata:
         meta, self._meta = self._meta, KvcacheExtMetadata()
+        # vLLM's engine loop steps without pause while a request waits for its cache; a step
+        # that runs nothing tells the worker it may wait for a read instead (worker.results)
+        meta.idle = getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0
         return meta

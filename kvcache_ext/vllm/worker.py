@@ -70,6 +70,10 @@ class WorkerSide:
         self._sent: set[str] = set()
         self._recv_done: set[str] = set()
         self._recv_failed: set[str] = set()
+        self._loading = 0      # reads in flight (threads in _load)
+        self._idle = False     # this step runs nothing (its metadata's idle): results() may wait
+        self._steps = 0        # results() calls (engine steps) so far: a read's stats line has
+        #                        how many ran while it was in flight
         self._bad_blocks: set[int] = set()
         self.pack: PackBuffer | None = None  # producer: where it packs for unlike consumers
         self.pack_plans: PackPlans | None = None  # consumer: its packed reads, once per length
@@ -114,6 +118,8 @@ class WorkerSide:
         with self._cond:
             for rid, s in meta.send.items():
                 self._holds[rid] = _Hold(s.generation, s.expiry_time)
+            self._loading += len(meta.recv)
+            self._idle = bool(getattr(meta, "idle", False))
             self._cond.notify_all()
         for rs in meta.recv.values():
             threading.Thread(target=self._load, args=(rs,), name="kvc-load", daemon=True).start()
@@ -121,7 +127,19 @@ class WorkerSide:
             self._release_later(remote)
 
     def results(self) -> tuple[set[str], set[str], set[str]]:
-        """(finished sending, finished receiving, failed receiving); expired holds are freed."""
+        """(finished sending, finished receiving, failed receiving); expired holds are freed.
+        In a step that runs nothing while this worker reads (consumer) or holds blocks for a
+        reader (producer: vLLM steps while their request waits to be freed), first waits up
+        to idle_wait_ms for a read to end or a hold to be released: vLLM's engine loop would
+        otherwise call again at once, empty step after empty step, on the core and GIL that
+        the read, or the producer's packing and side channel, need."""
+        with self._cond:
+            if self._idle and (self._loading or self._holds) and self.cfg.idle_wait_ms > 0:
+                self._cond.wait_for(lambda: self._recv_done or self._recv_failed or self._sent
+                                    or not (self._loading or self._holds),
+                                    timeout=self.cfg.idle_wait_ms / 1e3)
+            self._idle = False  # one wait a step
+            self._steps += 1
         now = time.time()
         with self._cond:
             for rid, h in list(self._holds.items()):
@@ -189,6 +207,7 @@ class WorkerSide:
                     del self._holds[rid]
                     self._sent.add(rid)
                     self._free_pack(rid)
+                    self._cond.notify_all()
             return {"ok": True}, b""
         return {"ok": False, "why": f"unknown op {op!r}"}, b""
 
@@ -252,8 +271,16 @@ class WorkerSide:
             rows ^= sign
 
     def _load(self, rs: RecvSpec) -> None:
+        try:
+            self._load_one(rs)
+        finally:
+            with self._cond:
+                self._loading -= 1
+                self._cond.notify_all()
+
+    def _load_one(self, rs: RecvSpec) -> None:
         dbg = rs.debug
-        t0 = time.monotonic()
+        t0, steps0 = time.monotonic(), self._steps
         deadline = t0 + float(dbg.get("timeout_s", self.cfg.read_timeout_s))
         left = lambda: max(deadline - time.monotonic(), 0.001)  # noqa: E731
         handle, error, xfer = None, "", None
@@ -317,6 +344,7 @@ class WorkerSide:
                 self._corrupt(moved(None if dbg["corrupt"] is True else str(dbg["corrupt"])))
             with self._cond:
                 self._recv_done.add(rs.request_id)
+                self._cond.notify_all()  # an idle step waiting in results() answers now
             self._release_later(r, float(dbg.get("release_delay_s", 0.0)))
         except Exception as e:  # noqa: BLE001 - every failure is the request's, reported to vLLM
             if handle is not None:
@@ -340,6 +368,7 @@ class WorkerSide:
             bad.discard(0)  # vLLM's null block (a window group's blocks before its window)
             with self._cond:
                 self._recv_failed.add(rs.request_id)
+                self._cond.notify_all()
                 if self.vplan is None:  # vLLM takes block-level failures from one group only
                     self._bad_blocks.update(bad)
             if rs.remote is not None:
@@ -348,7 +377,8 @@ class WorkerSide:
             rec = {"request_id": rs.request_id, "start": rs.start, "tokens": rs.count,
                    "runs": xfer.runs if xfer else 0, "spans": xfer.spans if xfer else 0,
                    "bytes": xfer.bytes if xfer else 0,
-                   "seconds": time.monotonic() - t0, **times, "ok": not error, "error": error,
+                   "seconds": time.monotonic() - t0, "steps": self._steps - steps0, **times,
+                   "ok": not error, "error": error,
                    "path": xfer.path if xfer else "", "pieces": xfer.pieces if xfer else 0,
                    "staged_bytes": xfer.staged_bytes if xfer else 0,
                    **({k: getattr(xfer, k) for k in ("build_s", "move_s", "unpack_s", "pack_s",
