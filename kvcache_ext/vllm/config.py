@@ -36,10 +36,12 @@ class ConnectorConfig:
     #                                 (consumer) or holds one for a reader (producer) waits up to
     #                                 this long for the read to end or the hold to be released
     #                                 before it answers vLLM, instead of returning at once:
-    #                                 vLLM's engine loop would otherwise step without pause,
-    #                                 taking the core and the GIL the read (or the producer's
-    #                                 packing) needs. A request that arrives meanwhile is
-    #                                 scheduled this much later at most; 0: no wait
+    #                                 vLLM would otherwise step again about 1 ms later, each
+    #                                 empty step Python in the worker's process beside the read
+    #                                 (or the producer's packing). A request that arrives
+    #                                 meanwhile is scheduled this much later at most; 0: no
+    #                                 wait; never under data parallelism (a rank's empty step
+    #                                 runs a dummy batch the other ranks wait for)
     stats_path: str = ""           # consumer: one JSON line per read appended here (request,
     #                                 start, tokens, spans, bytes, seconds, steps (engine steps
     #                                 while it was in flight), ok, error; the read's
@@ -67,9 +69,9 @@ class ConnectorConfig:
         if not cfg.pack_buffer_mb >= 0:
             raise ValueError(f"kv_connector_extra_config['pack_buffer_mb'] must be >= 0, got "
                              f"{cfg.pack_buffer_mb!r}")
-        if not cfg.idle_wait_ms >= 0:
-            raise ValueError(f"kv_connector_extra_config['idle_wait_ms'] must be >= 0, got "
-                             f"{cfg.idle_wait_ms!r}")
+        if not 0 <= cfg.idle_wait_ms <= 1000:
+            raise ValueError(f"kv_connector_extra_config['idle_wait_ms'] must be in [0, 1000], "
+                             f"got {cfg.idle_wait_ms!r}")
         for name in ("hold_timeout_s", "read_timeout_s"):
             if not getattr(cfg, name) > 0:
                 raise ValueError(f"kv_connector_extra_config[{name!r}] must be > 0, got "

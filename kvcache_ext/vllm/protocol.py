@@ -84,8 +84,9 @@ class KvcacheExtMetadata(KVConnectorMetadata):
     recv: dict[str, RecvSpec] = field(default_factory=dict)
     send: dict[str, SendSpec] = field(default_factory=dict)
     release: dict[str, Remote] = field(default_factory=dict)  # prompts held locally: free theirs
-    idle: bool = False  # the step schedules no token: the worker may wait for a read to end
-    #                     or a hold to be released before it answers (config idle_wait_ms)
+    idle: bool = False  # the step schedules no token (and no data parallelism): the worker may
+    #                     wait for a read to end or a hold to be released before it answers
+    #                     (config idle_wait_ms)
 
 
 @dataclass

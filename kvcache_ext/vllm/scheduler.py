@@ -25,6 +25,10 @@ class SchedulerSide:
         self._generations = itertools.count(1)
         self._meta = KvcacheExtMetadata()
         self._local_hit: dict[str, int] = {}  # tokens a request holds locally, when last asked
+        # data parallel: a rank whose step runs nothing runs a dummy batch the other ranks'
+        # forwards wait for, so its step must not wait (worker.results)
+        par = getattr(vllm_config, "parallel_config", None)
+        self._may_idle = int(getattr(par, "data_parallel_size", 1) or 1) == 1
 
     def set_worker_address(self, address: WorkerAddress) -> None:
         self.address = address
@@ -100,7 +104,9 @@ class SchedulerSide:
 
     def build_connector_meta(self, scheduler_output=None) -> KvcacheExtMetadata:
         meta, self._meta = self._meta, KvcacheExtMetadata()
-        # vLLM's engine loop steps without pause while a request waits for its cache; a step
-        # that runs nothing tells the worker it may wait for a read instead (worker.results)
-        meta.idle = getattr(scheduler_output, "total_num_scheduled_tokens", 1) == 0
+        # vLLM steps again about 1 ms after a step that ran nothing while a request waits
+        # for its cache (or to be freed); such a step tells the worker it may wait for the
+        # read (or the release) instead of answering at once (worker.results)
+        meta.idle = self._may_idle and getattr(
+            scheduler_output, "total_num_scheduled_tokens", 1) == 0
         return meta

@@ -128,11 +128,9 @@ class WorkerSide:
 
     def results(self) -> tuple[set[str], set[str], set[str]]:
         """(finished sending, finished receiving, failed receiving); expired holds are freed.
-        In a step that runs nothing while this worker reads (consumer) or holds blocks for a
-        reader (producer: vLLM steps while their request waits to be freed), first waits up
-        to idle_wait_ms for a read to end or a hold to be released: vLLM's engine loop would
-        otherwise call again at once, empty step after empty step, on the core and GIL that
-        the read, or the producer's packing and side channel, need."""
+        A step that runs nothing while this worker reads or holds blocks for a reader first
+        waits up to idle_wait_ms for a read to end or a hold to be released (config.py): else
+        vLLM steps again ~1 ms later, Python in this process beside the read or packing."""
         with self._cond:
             if self._idle and (self._loading or self._holds) and self.cfg.idle_wait_ms > 0:
                 self._cond.wait_for(lambda: self._recv_done or self._recv_failed or self._sent
@@ -192,6 +190,7 @@ class WorkerSide:
                     del self._holds[rid]
                     self._sent.add(rid)
                     self._free_pack(rid)
+                    self._cond.notify_all()
                     return {"ok": False, "why": f"request {rid}'s blocks were freed: the hold "
                                                 f"timed out"}, b""
                 h.read_deadline = time.time() + float(m.get("timeout_s", self.cfg.read_timeout_s))

@@ -1,6 +1,6 @@
 """A step that runs nothing while the worker reads a prompt (consumer) or holds one for a
-reader (producer): vLLM's engine loop steps without pause while a request waits for its cache
-or to be freed, so the worker's results() waits (up to idle_wait_ms) for a read to end or a
+reader (producer): vLLM steps again about 1 ms after such a step while a request waits for its
+cache or to be freed, so the worker's results() waits (up to idle_wait_ms) for a read to end or a
 hold to be released instead of answering at once. The reads here are stand-ins
 held by an Event, so when each ends is ours to choose."""
 from __future__ import annotations
@@ -101,7 +101,9 @@ def test_a_producer_s_idle_step_answers_with_the_hold_released_during_its_wait()
     ws.start(KvcacheExtMetadata(send={"p": SendSpec("p", 7, time.time() + 60)}, idle=True))
     threading.Timer(0.05, lambda: ws._serve({"op": "release", "request_id": "p",
                                              "generation": 7})).start()
+    t = time.monotonic()
     assert ws.results() == ({"p"}, set(), set())  # without the wait: nothing yet
+    assert time.monotonic() - t < 10, "the release did not wake the wait (it ran out)"
     ws.start(KvcacheExtMetadata(idle=True))
     assert ws.results() == (set(), set(), set())  # nothing held: no wait
 
@@ -111,9 +113,22 @@ def test_the_scheduler_marks_a_step_that_schedules_no_token_idle():
     assert s.build_connector_meta(NS(total_num_scheduled_tokens=0)).idle is True
     assert s.build_connector_meta(NS(total_num_scheduled_tokens=3)).idle is False
     assert s.build_connector_meta().idle is False  # no scheduler output: never wait
+    # the connector hands vLLM's scheduler output on
+    from kvcache_ext.vllm.connector import KvcacheExtConnector
+    assert KvcacheExtConnector.build_connector_meta(
+        NS(scheduler=s), NS(total_num_scheduled_tokens=0)).idle is True
+
+
+def test_under_data_parallelism_no_step_is_idle():
+    """A rank whose step runs nothing runs a dummy batch that the other ranks' forwards wait
+    for: its step must not wait."""
+    s = SchedulerSide(NS(kv_transfer_config=NS(engine_id="d"),
+                         parallel_config=NS(data_parallel_size=2)), ConnectorConfig())
+    assert s.build_connector_meta(NS(total_num_scheduled_tokens=0)).idle is False
 
 
 def test_idle_wait_ms_is_checked():
-    with pytest.raises(ValueError, match=r"\['idle_wait_ms'\] must be >= 0, got -1.0"):
-        ConnectorConfig.from_extra({"idle_wait_ms": -1})
+    for bad in (-1, float("inf"), float("nan"), 5000):
+        with pytest.raises(ValueError, match=r"\['idle_wait_ms'\] must be in \[0, 1000\], got"):
+            ConnectorConfig.from_extra({"idle_wait_ms": bad})
     assert ConnectorConfig.from_extra({"idle_wait_ms": "0"}).idle_wait_ms == 0.0
