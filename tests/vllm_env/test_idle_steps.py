@@ -5,7 +5,6 @@ hold to be released instead of answering at once. The reads here are stand-ins
 held by an Event, so when each ends is ours to choose."""
 from __future__ import annotations
 
-import collections
 import threading
 import time
 from types import SimpleNamespace as NS
@@ -18,6 +17,14 @@ from kvcache_ext.vllm.protocol import KvcacheExtMetadata, RecvSpec, SendSpec
 from kvcache_ext.vllm.scheduler import SchedulerSide
 
 
+class Gates(dict):
+    """go[r]: the Event that ends read r. The reading thread and the test may ask for it first
+    at the same moment: setdefault makes them share one (a defaultdict could make two)."""
+
+    def __missing__(self, key: str) -> threading.Event:
+        return self.setdefault(key, threading.Event())
+
+
 def consumer(idle_wait_ms: float) -> tuple[W.WorkerSide, dict[str, threading.Event]]:
     """A WorkerSide whose read of request r ends (done, or failed for ids starting "bad") once
     go[r] is set."""
@@ -25,7 +32,7 @@ def consumer(idle_wait_ms: float) -> tuple[W.WorkerSide, dict[str, threading.Eve
              model_config=NS(max_model_len=64))
     kv = NS(kv_cache_groups=[NS(layer_names=["model.layers.0.self_attn.attn"])])
     ws = W.WorkerSide(cfg, kv, ConnectorConfig(idle_wait_ms=idle_wait_ms))
-    go: dict[str, threading.Event] = collections.defaultdict(threading.Event)
+    go = Gates()
 
     def read(rs: RecvSpec) -> None:  # what _load_one does at its end, once the bytes are in
         go[rs.request_id].wait(30)
