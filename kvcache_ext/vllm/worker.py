@@ -119,7 +119,7 @@ class WorkerSide:
             for rid, s in meta.send.items():
                 self._holds[rid] = _Hold(s.generation, s.expiry_time)
             self._loading += len(meta.recv)
-            self._idle = bool(getattr(meta, "idle", False))
+            self._idle = meta.idle
             self._cond.notify_all()
         for rs in meta.recv.values():
             threading.Thread(target=self._load, args=(rs,), name="kvc-load", daemon=True).start()
@@ -145,9 +145,7 @@ class WorkerSide:
                         self.pack is not None and self.pack.busy(rid)):  # not while packed
                     log.warning("KvcacheExtConnector: freeing %s's blocks unread after the hold "
                                 "timeout", rid)
-                    del self._holds[rid]
-                    self._sent.add(rid)
-                    self._free_pack(rid)
+                    self._drop_hold(rid)
             sent, self._sent = self._sent, set()
             failed, self._recv_failed = self._recv_failed, set()
             done, self._recv_done = self._recv_done, set()
@@ -158,9 +156,14 @@ class WorkerSide:
             h = self._holds.get(rid)
             return h is not None and h.generation == gen
 
-    def _free_pack(self, rid: str) -> None:
+    def _drop_hold(self, rid: str) -> None:
+        """Under _cond: the blocks held for rid are free (reported sent at the next step, its
+        pack range returned); an idle step waiting in results() answers now."""
+        del self._holds[rid]
+        self._sent.add(rid)
         if self.pack is not None:
             self.pack.free(rid)
+        self._cond.notify_all()
 
     def bad_blocks(self) -> set[int]:
         with self._cond:
@@ -187,10 +190,7 @@ class WorkerSide:
                     return {"ok": False, "why": f"request {rid} (hand-off {gen}) holds no blocks "
                                                 f"here: freed, reused or never sent"}, b""
                 if time.time() > h.expiry_time:
-                    del self._holds[rid]
-                    self._sent.add(rid)
-                    self._free_pack(rid)
-                    self._cond.notify_all()
+                    self._drop_hold(rid)
                     return {"ok": False, "why": f"request {rid}'s blocks were freed: the hold "
                                                 f"timed out"}, b""
                 h.read_deadline = time.time() + float(m.get("timeout_s", self.cfg.read_timeout_s))
@@ -203,10 +203,7 @@ class WorkerSide:
             with self._cond:
                 h = self._holds.get(rid)
                 if h is not None and h.generation == gen:
-                    del self._holds[rid]
-                    self._sent.add(rid)
-                    self._free_pack(rid)
-                    self._cond.notify_all()
+                    self._drop_hold(rid)
             return {"ok": True}, b""
         return {"ok": False, "why": f"unknown op {op!r}"}, b""
 
