@@ -138,8 +138,7 @@ class WorkerSide:
                                     timeout=self.cfg.idle_wait_ms / 1e3)
             self._idle = False  # one wait a step
             self._steps += 1
-        now = time.time()
-        with self._cond:
+            now = time.time()
             for rid, h in list(self._holds.items()):
                 if now > (h.read_deadline if h.read_deadline else h.expiry_time) and not (
                         self.pack is not None and self.pack.busy(rid)):  # not while packed
