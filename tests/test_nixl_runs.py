@@ -65,7 +65,9 @@ def test_every_path_reads_the_copy_spans_bytes(ns, nd, monkeypatch):
             assert s.path == ("staged" if path == "auto" else path)
             assert s.bytes == int(spans[:, 2].sum()) and s.spans >= spans.shape[0]
             assert 0 < s.runs < spans.shape[0] // 20 and 0 < s.plan_s < 1
-            assert 0 < s.plan_cpu_s <= s.plan_s + 1e-4  # its CPU time, within its wall time
+            # its CPU time, within its wall time; 1 ms for the two clocks' disagreement in a VM
+            # (thread_time ran up to 0.19 ms past perf_counter over one interval on a 2-core VM)
+            assert 0 < s.plan_cpu_s <= s.plan_s + 1e-3
             if s.path == "staged":
                 # a few extents posted, the short pieces re-tiled from the staging buffer
                 assert s.pieces < s.runs and s.unpack_s > 0 and s.staged_bytes >= s.bytes
