@@ -43,10 +43,9 @@ import kvcache_ext as kvc
 from kvcache_ext.ops.library import cpu_isa
 from kvcache_ext.cli.timing import Timer, Timing, time_interleaved, time_samples
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_report import (COPY_BELOW_USUAL_FACTOR, NOISY, NOISY_SPREAD_PCT, Result,  # noqa: E402
+from bench_report import (COPY_BELOW_USUAL_FACTOR, NOISY, NOISY_SPREAD_PCT, Result,
                           copy_summary, other_host, usual_copy, write)
-from bench_cases import BLOCK, MAX_SETS, ROTATE_BYTES, build_cases  # noqa: E402
+from bench_cases import BLOCK, MAX_SETS, ROTATE_BYTES, build_cases
 
 SIZES = [1, 8, 64, 512, 4096, 16384, 65536]
 QUICK_SIZES = [1, 64, 4096, 16384]

@@ -33,14 +33,13 @@ from pathlib import Path
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-import torch  # noqa: E402
+import torch
 
-import kvcache_ext as kvc  # noqa: E402
-from kvcache_ext.ops.library import ops as _ops  # noqa: E402
+import kvcache_ext as kvc
+from kvcache_ext.ops.library import ops as _ops
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_transfer import check, fill, reply  # noqa: E402
-from bench_transfer_report import meta  # noqa: E402
+from bench_transfer import check, fill, reply
+from bench_transfer_report import meta
 
 PATHS = ("plain", "prepared", "strided", "staged")
 WAIT_S = 300

@@ -42,12 +42,11 @@ from pathlib import Path
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-import torch  # noqa: E402
+import torch
 
-import kvcache_ext as kvc  # noqa: E402
+import kvcache_ext as kvc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_transfer_report import meta  # noqa: E402
+from bench_transfer_report import meta
 
 @dataclass(frozen=True)
 class Model:

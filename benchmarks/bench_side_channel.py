@@ -22,10 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-from kvcache_ext.vllm.side_channel import _HEADER, Reader, send
+from kvcache_ext.vllm.side_channel import HEADER, Reader, send
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_transfer_report import meta  # noqa: E402
+from bench_transfer_report import meta
 
 
 def _exactly(sock: socket.socket, n: int) -> bytes:
@@ -40,7 +39,7 @@ def per_message(sock: socket.socket, count: int) -> None:
     for _ in range(count):
         sock.settimeout(5.0)
         sock.recv(1, socket.MSG_PEEK)
-        n_head, n_blob = _HEADER.unpack(_exactly(sock, _HEADER.size))
+        n_head, n_blob = HEADER.unpack(_exactly(sock, HEADER.size))
         json.loads(_exactly(sock, n_head))
 
 

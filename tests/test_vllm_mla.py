@@ -9,6 +9,9 @@ import pytest
 
 from vllm_runner import run_script
 
+pytestmark = pytest.mark.engine  # real vLLM engines: the engine tier (pytest -m engine)
+
+
 ROW_BYTES, LAYERS = 576 * 2, 2
 NEAR_TIE = 1e-4  # a baseline top-2 log-probability gap this small may flip under batching
 

@@ -11,6 +11,8 @@ import pytest
 
 from vllm_runner import run_script
 
+pytestmark = pytest.mark.engine  # real vLLM engines: the engine tier (pytest -m engine)
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:

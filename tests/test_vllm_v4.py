@@ -13,6 +13,8 @@ import pytest
 
 from vllm_runner import run_script
 
+pytestmark = pytest.mark.engine  # real vLLM engines: the engine tier (pytest -m engine)
+
 NEAR_TIE = 0.05  # a baseline top-2 log-probability gap this small may flip (bf16 batching)
 # a clean move's logprobs against the consumer's own, in other batches (0.0 on AMD EPYC; one
 # bf16 rounding step of the logits, ~0.03, on an Intel Xeon with AMX)

@@ -17,8 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from engines import (Engines, Prompt, external_hits, has_amx, make_mla_model,  # noqa: E402
+from kvc_harness.engines import (Engines, Prompt, external_hits, has_amx, make_mla_model,
                      read_stats)
 
 LENGTHS = (1, 31, 33, 129, 300)

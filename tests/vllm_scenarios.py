@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 from dataclasses import asdict
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from engines import Engines, Prompt, external_hits, free_port, make_model, read_stats  # noqa: E402  (the harness, outside the package)
+from kvc_harness.engines import Engines, Prompt, external_hits, free_port, make_model, read_stats
 
 LENGTHS = (1, 31, 33, 230)
 A_BLOCKS = 64  # the producer a's whole cache: the delayed-read case cycles every free block

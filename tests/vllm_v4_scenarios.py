@@ -31,8 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from engines import (Engines, Prompt, external_hits, has_amx, make_v4_model,  # noqa: E402
+from kvc_harness.engines import (Engines, Prompt, external_hits, has_amx, make_v4_model,
                      read_stats)
 
 LENGTHS = (1, 31, 300, 384, 2200)

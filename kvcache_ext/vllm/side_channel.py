@@ -12,12 +12,12 @@ import struct
 import threading
 from typing import Callable, Iterator
 
-_HEADER = struct.Struct("<II")  # JSON bytes, blob bytes
+HEADER = struct.Struct("<II")  # a frame's header: its JSON bytes, its blob bytes (little-endian)
 
 
 def send(sock: socket.socket, message: dict, blob: bytes = b"") -> None:
     head = json.dumps(message).encode()
-    sock.sendall(_HEADER.pack(len(head), len(blob)) + head + blob)
+    sock.sendall(HEADER.pack(len(head), len(blob)) + head + blob)
 
 
 class Reader:
@@ -47,13 +47,13 @@ class Reader:
 
     def message(self) -> tuple[dict, bytes] | None:
         """The next message, or None where the peer closed the connection between messages."""
-        if not self._fill(_HEADER.size):
+        if not self._fill(HEADER.size):
             return None
-        n_head, n_blob = _HEADER.unpack_from(self._buf)
-        end = _HEADER.size + n_head + n_blob
+        n_head, n_blob = HEADER.unpack_from(self._buf)
+        end = HEADER.size + n_head + n_blob
         if not self._fill(end):
             raise ConnectionError("the side channel closed mid-message")
-        head, blob = self._buf[_HEADER.size:_HEADER.size + n_head], self._buf[end - n_blob:end]
+        head, blob = self._buf[HEADER.size:HEADER.size + n_head], self._buf[end - n_blob:end]
         message, blob = json.loads(bytes(head)), bytes(blob)
         del self._buf[:end]
         return message, blob

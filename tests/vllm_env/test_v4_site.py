@@ -1,4 +1,4 @@
-"""The V4 engines' harness (benchmarks/v4_site/sitecustomize.py) replaces two of vLLM's Triton
+"""The V4 engines' harness (harness/kvc_harness/v4_site/sitecustomize.py) replaces two of vLLM's Triton
 kernels that the interpreter runs slowly on CPU: each replacement writes the bytes the
 interpreted kernel writes, on random cases (run in a process of its own, as an engine's: the
 harness sets TRITON_INTERPRET and hooks vLLM's imports there)."""
@@ -116,7 +116,7 @@ print("swa cases", cases, "zeroer ok")
 
 def test_the_harness_replacements_write_the_interpreted_kernels_bytes() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(TREE / "benchmarks" / "v4_site")
+    env["PYTHONPATH"] = str(TREE / "harness" / "kvc_harness" / "v4_site")
     proc = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

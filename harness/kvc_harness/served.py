@@ -24,20 +24,19 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines import free_port  # noqa: F401 - benchmarks/engines.py; served_pd and the tests take it here
+from kvc_harness import tier
+from kvc_harness.engines import free_port  # noqa: F401 - served_pd and the tests take it here
 
-HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
 VOCAB = 128
 MAX_LEN = 4096
 
 
 def make_served_model(folder: str, seed: int = 0) -> str:
-    """The tiny random fp32 Llama of benchmarks/engines.py with a word-level tokenizer ("w1" ..
+    """The tiny random fp32 Llama of kvc_harness.engines with a word-level tokenizer ("w1" ..
     "w127", one token per word) made with the `tokenizers` library, so the whole OpenAI path
     (text in, text out) and the load generator's random dataset work offline."""
-    sys.path.insert(0, str(HERE))
-    from engines import make_model
+    from kvc_harness.engines import make_model
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     make_model(folder, vocab=VOCAB, seed=seed)
@@ -152,6 +151,7 @@ class Server:
     def launch(self) -> "Server":
         """Start the process without waiting for it. Call it from a thread that outlives the
         server (the main thread): PR_SET_PDEATHSIG fires when the thread that started it ends."""
+        tier.check(f"vLLM's OpenAI server ({self.name})")
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "UCX_NET_DEVICES": "lo",
                "VLLM_CPU_OMP_THREADS_BIND": str(self.core)}
         if self.connector == "NixlConnector":
@@ -216,6 +216,7 @@ class Router:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, wait_s: float = 60.0) -> "Router":
+        tier.check("vllm-router")
         exe = str(Path(PYTHON).parent / "vllm-router")
         self.log = self.log or tempfile.mktemp(prefix="served-router-", suffix=".log")
         self.proc = subprocess.Popen(
@@ -350,7 +351,7 @@ def latency_summary(res: dict) -> dict:
     return {k: res.get(k) for k in keys}
 
 
-if __name__ == "__main__":  # python benchmarks/served.py make-model DIR
+if __name__ == "__main__":  # python -m kvc_harness.served make-model DIR
     if len(sys.argv) != 3 or sys.argv[1] != "make-model":
-        sys.exit("usage: python benchmarks/served.py make-model DIR")
+        sys.exit("usage: python -m kvc_harness.served make-model DIR")
     print(make_served_model(sys.argv[2]))

