@@ -56,9 +56,16 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.gpu)
 
 
+def pytest_collection_finish(session) -> None:
+    """The vLLM environment's tests start in the background now (test_vllm_env.start)."""
+    if any(i.nodeid.startswith("tests/test_vllm_env.py::") for i in session.items):
+        import test_vllm_env
+        test_vllm_env.start(session.config)
+
+
 @pytest.fixture(scope="session")
 def simt():
-    """The CUDA kernels built for the host (tests/simt/simt_host.h): one thread per lane."""
+    """The CUDA kernels built for the host (tests/simt/simt_host.h): one fiber per lane."""
     from torch.utils.cpp_extension import load
     # One folder per Python and torch: an environment never waits on another's lock (torch
     # versions lock the folder differently) nor loads another's build.

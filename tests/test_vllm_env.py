@@ -4,14 +4,15 @@ one test here per file there, failing with that file's failures (and printing th
 Without .venv-vllm these skip, unless KVC_REQUIRE_VLLM=1 (CI), where a missing vLLM fails."""
 from __future__ import annotations
 
-import os
+import shutil
 import subprocess
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from vllm_runner import require_vllm, vllm_env
+from vllm_runner import VLLM_PYTHON, require_vllm, vllm_env
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = ROOT / "tests" / "vllm_env"
@@ -21,20 +22,42 @@ FILES = sorted(p.name for p in HERE.glob("test_*.py"))
 HOST_SKIP = "cannot run on this host"
 
 
+def start(config: pytest.Config) -> None:
+    """Start .venv-vllm's pytest over tests/vllm_env as soon as the session has collected a test
+    of this module (tests/conftest.py calls it), so that its ~40 s (mostly importing vLLM, one
+    core) overlap the rest of the fast tier; the report fixture waits for it. Nothing starts
+    without .venv-vllm: the fixture then skips or fails as require_vllm says."""
+    if not VLLM_PYTHON.exists():
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="kvc-vllm-env-"))
+    env = vllm_env() | {"KVC_TREE": str(ROOT), "KVC_TEST_TIER": "fast"}  # a fast-tier test's
+    log = open(tmp / "log", "w")
+    proc = subprocess.Popen([str(VLLM_PYTHON), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             f"--junitxml={tmp / 'junit.xml'}", str(HERE)], cwd=tmp, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    config.stash[_RUN] = (proc, tmp)
+    config.add_cleanup(lambda: (proc.kill(), proc.wait(), log.close(), shutil.rmtree(tmp, True)))
+
+
+_RUN = pytest.StashKey[tuple]()
+
+
 @pytest.fixture(scope="module")
-def report(tmp_path_factory) -> dict[str, list[tuple[str, str]]]:
+def report(request) -> dict[str, list[tuple[str, str]]]:
     """{file: [(test, "" if passed else what failed)]} from one run of the whole folder."""
-    python = require_vllm()
-    tmp = tmp_path_factory.mktemp("vllm_env")
+    require_vllm()
+    if _RUN not in request.config.stash:  # this module was not collected at the start
+        start(request.config)
+    proc, tmp = request.config.stash[_RUN]
+    try:
+        proc.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"pytest in .venv-vllm ran past 900 s:\n{(tmp / 'log').read_text()[-6000:]}")
     xml = tmp / "junit.xml"
-    env = vllm_env()
-    env["KVC_TREE"] = str(ROOT)
-    proc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           f"--junitxml={xml}", str(HERE)], cwd=tmp, env=env,
-                          capture_output=True, text=True, timeout=900)
-    log = proc.stdout + proc.stderr
     if not xml.exists():
-        pytest.fail(f"pytest in {python} wrote no report (exit {proc.returncode}):\n{log[-6000:]}")
+        pytest.fail(f"pytest in {VLLM_PYTHON} wrote no report (exit {proc.returncode}):\n"
+                    f"{(tmp / 'log').read_text()[-6000:]}")
     out: dict[str, list[tuple[str, str]]] = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         file = case.get("classname", "").split(".")[-1] + ".py"
