@@ -41,6 +41,17 @@ def test_each_environment_loads_its_own_extension(run) -> None:
     assert str(VLLM_PYTHON.parent.parent.resolve()) in str(theirs), theirs
 
 
+def test_a_request_cannot_pull_a_test_hook_from_an_engine_without_them(run) -> None:
+    """kvc_debug_corrupt sent to an engine not started with test_only_hooks: nothing is read
+    (the read's stats line: failed, 0 bytes, the key named) and the recompute policy gives the
+    engine's own tokens (the hook, had it run, changes them: test_corrupted_bytes_change_the_tokens)."""
+    case = run["cases"]["test hook refused [g]"]
+    assert case["finish"] == "length" and case["tokens"] == case["baseline"]
+    (read,) = case["read"]
+    assert not read["ok"] and read["bytes"] == 0, read
+    assert "kvc_debug_corrupt" in read["error"] and "test_only_hooks" in read["error"], read
+
+
 def test_params_carry_every_nixl_connector_key(run) -> None:
     nixl_keys = set(run["nixl_params"])
     assert {"remote_block_ids", "remote_engine_id", "remote_host", "remote_port",

@@ -113,8 +113,8 @@ def main(out_path: str) -> None:
     res: dict = {"cases": {}, "engines": {}, "lengths": list(LENGTHS),
                  "pairs": ["->".join(p) for p in PAIRS], "refusals": refusals()}
     model = make_model(tempfile.mkdtemp(prefix="kvc-tiny-llama-"))
-    stats = {n: os.path.join(tempfile.mkdtemp(), f"reads-{n}.jsonl") for n in "abcf"}
-    common = {"poison_before_load": True}
+    stats = {n: os.path.join(tempfile.mkdtemp(), f"reads-{n}.jsonl") for n in "abcfg"}
+    common = {"poison_before_load": True, "test_only_hooks": True}  # the fault cases' kvc_debug_*
     g_port = free_port()
     import kvcache_ext._C
     res["extension"] = kvcache_ext._C.__file__
@@ -262,12 +262,22 @@ def main(out_path: str) -> None:
             res["cases"][f"fault producer gone [{consumer}]"] = {
                 "tokens": out.tokens, "baseline": base_b.tokens, "finish": out.finish_reason,
                 "policy": "fail" if consumer == "f" else "recompute"}
-        g2 = eng.start("g", 32, 0, extra=common | {"side_channel_port": g_port})
+        # restarted as an engine without test_only_hooks (as served): the test hook case below
+        g2 = eng.start("g", 32, 0, extra={"poison_before_load": True, "side_channel_port": g_port,
+                                          "stats_path": stats["g"]})
         for consumer in ("b", "f"):
             out = byname[consumer].generate([Prompt(prompt, 8, dict(pre_g.params))])[0]
             res["cases"][f"fault producer restarted [{consumer}]"] = {
                 "tokens": out.tokens, "baseline": base_b.tokens, "finish": out.finish_reason,
                 "policy": "fail" if consumer == "f" else "recompute"}
+        # a request body pulling a test hook (kvc_debug_corrupt) in an engine without them:
+        # nothing read, the load fails, and the recompute policy computes the prompt itself
+        prompt = ids(230, seed=18)
+        base = g2.generate([Prompt(prompt, 8, salt="hook")])[0]
+        pre, out = handoff(a, g2, prompt, debug={"corrupt": True})
+        res["cases"]["test hook refused [g]"] = {
+            "tokens": out.tokens, "baseline": base.tokens, "finish": out.finish_reason,
+            "read": read_stats(stats["g"])[-1:]}
         g2.stop()
 
         # ---- everything released: the producers' blocks are back where they started ----------

@@ -63,9 +63,9 @@ def main(out_path: str) -> None:
         kw = dict(dtype="bfloat16", v4=True, max_len=4096, timeout_s=600)
         # the producer holds a prompt's blocks until its read (a long prefill batched with it
         # keeps the short prompts' parameters from the consumer for a minute and more here)
-        prod = e.start("p", 256, 0, extra={"hold_timeout_s": 900}, **kw)
-        cons = e.start("c", 256, 1, extra={"poison_before_load": True, "stats_path": stats},
-                       **kw)
+        prod = e.start("p", 256, 0, extra={"hold_timeout_s": 900, "test_only_hooks": True}, **kw)
+        cons = e.start("c", 256, 1, extra={"poison_before_load": True, "stats_path": stats,
+                                           "test_only_hooks": True}, **kw)  # kvc_debug_corrupt
         res["start_s"] = time.time() - t0
         phase, last = {"start": res["start_s"]}, time.time()
 

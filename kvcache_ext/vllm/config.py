@@ -1,6 +1,9 @@
 """The connector's settings (kv_connector_extra_config) and what it refuses at start-up.
 
-Test hooks travel in a request's kv_transfer_params, not here, so one engine serves every case:
+Test hooks travel in a request's kv_transfer_params, so one engine serves every case, but run only
+in an engine started with kv_connector_extra_config['test_only_hooks'] = true (tests do that);
+anywhere else a request carrying one has nothing read for it (the log names the keys) and
+follows kv_load_failure_policy, and a producer refuses a read that asks for one. The hooks:
 kvc_debug_delay_s (the consumer waits before reading), kvc_debug_timeout_s (its read's timeout),
 kvc_debug_acquire_delay_s (the producer answers the read's request this late),
 kvc_debug_release_delay_s (the consumer releases the producer's blocks this late after its read:
@@ -42,6 +45,9 @@ class ConnectorConfig:
     #                                 meanwhile is scheduled this much later at most; 0: no
     #                                 wait; never under data parallelism (a rank's empty step
     #                                 runs a dummy batch the other ranks wait for)
+    test_only_hooks: bool = False  # the kvc_debug_* keys of a request take effect (the fault and
+    #                                 corruption tests); never in serving: a request could
+    #                                 corrupt its own cache or make the producer sleep
     stats_path: str = ""           # consumer: one JSON line per read appended here (request,
     #                                 start, tokens, spans, bytes, seconds, steps (engine steps
     #                                 while it was in flight), ok, error; the read's

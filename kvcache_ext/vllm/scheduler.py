@@ -58,12 +58,18 @@ class SchedulerSide:
             if remote is not None:
                 self._meta.release[request.request_id] = remote
             return
+        hooks = sorted(k for k in p if isinstance(k, str) and k.startswith("kvc_debug_"))
+        if hooks and not self.cfg.test_only_hooks:  # a request body never pulls a test hook
+            error = error or (f"kv_transfer_params carry test hook(s) {hooks}, which run only in "
+                              f"an engine started with kv_connector_extra_config"
+                              f"['test_only_hooks'] = true: nothing is read")
+            log.warning("KvcacheExtConnector: request %s: %s", request.request_id, error)
+            hooks = []
         # every group's block table (a window group's blocks before its window are vLLM's
         # null block): the worker reads the rows each group keeps of tokens past the local hit
         self._meta.recv[request.request_id] = RecvSpec(
             request.request_id, remote, [list(g) for g in blocks.get_block_ids()],
-            local_hit, num_external_tokens, error,
-            {k[len("kvc_debug_"):]: v for k, v in p.items() if k.startswith("kvc_debug_")})
+            local_hit, num_external_tokens, error, {k[len("kvc_debug_"):]: p[k] for k in hooks})
 
     # ---- producer ------------------------------------------------------------------------------
     def request_finished(self, request,

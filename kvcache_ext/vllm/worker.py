@@ -33,6 +33,7 @@ from .config import ConnectorConfig
 from .group_plan import VllmGroupPlan, group_cache_of, group_plan_of
 from .group_reads import group_spans, group_tables
 from .packing import Done, PackBuffer, pack_ask, read_packed
+from .peer_input import bounded_seconds
 from .peers import LoadError, Producers
 from .protocol import KvcacheExtMetadata, RecvSpec, Remote, WorkerAddress
 from .side_channel import Server, call, stream
@@ -176,7 +177,10 @@ class WorkerSide:
             return {"ok": True, "engine_id": self.engine_id, "instance": self.instance,
                     "layers": self.layer_names}, self.ep.metadata()
         if op == "acquire":
-            time.sleep(float(m.get("debug_delay_s", 0.0)))
+            if m.get("debug_delay_s") and not self.cfg.test_only_hooks:  # a peer picks no sleep
+                return {"ok": False, "why": "debug_delay_s is a test hook and this engine was "
+                                            "not started with test_only_hooks"}, b""
+            time.sleep(bounded_seconds(m.get("debug_delay_s", 0), self.cfg.read_timeout_s))
             rid, gen = str(m["request_id"]), int(m["generation"])
             if m.get("instance") != self.instance:
                 return {"ok": False, "why": f"this is instance {self.instance}, the read names "
@@ -192,7 +196,8 @@ class WorkerSide:
                     self._drop_hold(rid)
                     return {"ok": False, "why": f"request {rid}'s blocks were freed: the hold "
                                                 f"timed out"}, b""
-                h.read_deadline = time.time() + float(m.get("timeout_s", self.cfg.read_timeout_s))
+                h.read_deadline = time.time() + bounded_seconds(  # at most our read timeout
+                    m.get("timeout_s"), self.cfg.read_timeout_s)
             if m.get("pack") and self.pack is not None:
                 return self.pack.pack(self.ep.cache.buffer, self.ep.plan, rid, m["pack"],
                                       lambda: self._holding(rid, gen))
