@@ -28,6 +28,10 @@ class ConnectorConfig:
     #                                 VLLM_NIXL_SIDE_CHANNEL_HOST, else 127.0.0.1
     side_channel_port: int = -1    # default VLLM_NIXL_SIDE_CHANNEL_PORT + data-parallel index
     #                                 when set, else a free port (two engines on one host)
+    side_channel_timeout_s: float = 10.0  # producer: a request on the side channel must arrive
+    #                                 whole within this long of its connection (a silent or
+    #                                 byte-dripping peer is cut off), and each reply be taken
+    #                                 within this long
     poison_before_load: bool = False  # fill a request's destination rows with NaN before reading
     #                                    (tests: a token computed from bytes never written shows)
     pack_buffer_mb: float = 0.0    # producer: a buffer of this many MiB (registered with NIXL)
@@ -78,7 +82,7 @@ class ConnectorConfig:
         if not 0 <= cfg.idle_wait_ms <= 1000:
             raise ValueError(f"kv_connector_extra_config['idle_wait_ms'] must be in [0, 1000], "
                              f"got {cfg.idle_wait_ms!r}")
-        for name in ("hold_timeout_s", "read_timeout_s"):
+        for name in ("hold_timeout_s", "read_timeout_s", "side_channel_timeout_s"):
             if not getattr(cfg, name) > 0:
                 raise ValueError(f"kv_connector_extra_config[{name!r}] must be > 0, got "
                                  f"{getattr(cfg, name)!r}")

@@ -2,7 +2,13 @@
 messages over TCP (a JSON header and an optional binary blob, each length-prefixed), served by
 a thread of the producer's worker. A handler may also answer with a stream of replies on the
 same connection (the packed read's "part p is ready" notices): stream() reads them as they
-come. Every call is bounded by its timeout."""
+come. Every call is bounded by its timeout.
+
+A peer's frames are untrusted at both ends: a header longer than MAX_HEAD_BYTES, a blob longer
+than the reader allows (MAX_BLOB_BYTES; none in a request), a header that is not a JSON object,
+or a message not complete by its deadline (the whole message's, not each recv's: a peer that
+goes silent or drips a byte at a time is cut off just the same) ends that connection; the
+server's other connections are answered meanwhile (a thread each)."""
 from __future__ import annotations
 
 import json
@@ -10,9 +16,17 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from typing import Callable, Iterator
 
 HEADER = struct.Struct("<II")  # a frame's header: its JSON bytes, its blob bytes (little-endian)
+MAX_HEAD_BYTES = 1 << 20       # a message's JSON (the largest, a packed read's ask: kilobytes)
+MAX_BLOB_BYTES = 64 << 20      # a reply's blob (a producer's NIXL metadata: kilobytes)
+MESSAGE_TIMEOUT_S = 10.0       # the server's deadline for one request, from its connection
+
+
+class FrameError(ValueError):
+    """A frame that breaks the side channel's rules (size, JSON object)."""
 
 
 def send(sock: socket.socket, message: dict, blob: bytes = b"") -> None:
@@ -26,17 +40,22 @@ class Reader:
     not fetched a recv each -- every socket call (settimeout too) lets go of the GIL, and in an
     engine's worker, whose main thread keeps it busy, taking it back can cost a switch interval
     (5 ms). left(): the seconds left to the caller's deadline, set as the socket's timeout
-    before each recv (none: the socket's own)."""
+    before each recv (none: the socket's own); TimeoutError once it has passed. max_blob: the
+    largest blob this end takes (0 for a server's requests)."""
 
-    def __init__(self, sock: socket.socket, left: Callable[[], float] | None = None) -> None:
-        self.sock, self.left = sock, left
+    def __init__(self, sock: socket.socket, left: Callable[[], float] | None = None,
+                 max_blob: int = MAX_BLOB_BYTES) -> None:
+        self.sock, self.left, self.max_blob = sock, left, max_blob
         self._buf = bytearray()
 
     def _fill(self, need: int) -> bool:
         """At least `need` bytes buffered; False at the end of the stream with none buffered."""
         while len(self._buf) < need:
             if self.left is not None:
-                self.sock.settimeout(self.left())
+                left = self.left()
+                if not left > 0:
+                    raise TimeoutError("a side-channel message not complete by its deadline")
+                self.sock.settimeout(left)
             chunk = self.sock.recv(min(max(need - len(self._buf), 1 << 16), 1 << 20))
             if not chunk:
                 if self._buf:
@@ -50,19 +69,29 @@ class Reader:
         if not self._fill(HEADER.size):
             return None
         n_head, n_blob = HEADER.unpack_from(self._buf)
+        if n_head > MAX_HEAD_BYTES or n_blob > self.max_blob:  # before a byte of it is read
+            raise FrameError(f"a side-channel frame of {n_head} + {n_blob} bytes: at most "
+                             f"{MAX_HEAD_BYTES} + {self.max_blob}")
         end = HEADER.size + n_head + n_blob
         if not self._fill(end):
             raise ConnectionError("the side channel closed mid-message")
         head, blob = self._buf[HEADER.size:HEADER.size + n_head], self._buf[end - n_blob:end]
-        message, blob = json.loads(bytes(head)), bytes(blob)
+        try:
+            message = json.loads(bytes(head))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise FrameError(f"a side-channel frame whose header is not JSON: {e}") from None
+        if not isinstance(message, dict):
+            raise FrameError(f"a side-channel frame whose header is not a JSON object: "
+                             f"{type(message).__name__}")
         del self._buf[:end]
-        return message, blob
+        return message, bytes(blob)
 
 
-def recv(sock: socket.socket) -> tuple[dict, bytes]:
+def recv(sock: socket.socket, left: Callable[[], float] | None = None,
+         max_blob: int = MAX_BLOB_BYTES) -> tuple[dict, bytes]:
     """One message (ConnectionError if the connection closes first). Reads past it: for a
     connection that carries one message, as call() and the server's requests do."""
-    got = Reader(sock).message()
+    got = Reader(sock, left, max_blob).message()
     if got is None:
         raise ConnectionError("the side channel closed before a message")
     return got
@@ -87,11 +116,13 @@ def stream(host: str, port: int, message: dict,
 
 def call(host: str, port: int, message: dict, timeout_s: float) -> tuple[dict, bytes]:
     """One request and its reply; OSError / TimeoutError / ConnectionError when the producer
-    does not answer within timeout_s."""
+    has not answered in full within timeout_s (in all), FrameError for a reply that breaks the
+    rules."""
+    deadline = time.monotonic() + timeout_s
     with socket.create_connection((host, port), timeout=timeout_s) as sock:
         sock.settimeout(timeout_s)
         send(sock, message)
-        return recv(sock)
+        return recv(sock, lambda: deadline - time.monotonic())
 
 
 Handler = Callable[[dict], "tuple[dict, bytes] | Iterator[tuple[dict, bytes]]"]
@@ -99,14 +130,28 @@ Handler = Callable[[dict], "tuple[dict, bytes] | Iterator[tuple[dict, bytes]]"]
 
 class Server:
     """Serves `handler(message) -> (reply, blob)`, or an iterator of them (streamed, then the
-    connection closes), on (host, port); port 0 picks a free one."""
+    connection closes), on (host, port) only; port 0 picks a free one. A request (no blob) must
+    arrive whole within message_timeout_s of its connection, and each reply be taken within
+    that long, or the connection ends."""
 
-    def __init__(self, host: str, port: int, handler: Handler) -> None:
+    def __init__(self, host: str, port: int, handler: Handler,
+                 message_timeout_s: float = MESSAGE_TIMEOUT_S) -> None:
         class _Request(socketserver.BaseRequestHandler):
             def handle(self) -> None:
-                self.request.settimeout(30.0)
+                deadline = time.monotonic() + message_timeout_s
                 try:
-                    message, _ = recv(self.request)
+                    message, _ = recv(self.request, lambda: deadline - time.monotonic(), 0)
+                except FrameError as e:  # oversized, not a JSON object: say so, and close
+                    try:
+                        self.request.settimeout(1.0)
+                        send(self.request, {"ok": False, "why": str(e)})
+                    except OSError:
+                        pass
+                    return
+                except OSError:  # silent, dripping or cut off: the connection just closes
+                    return
+                self.request.settimeout(message_timeout_s)  # a reply the peer never takes
+                try:
                     out = handler(message)
                 except Exception as e:  # noqa: BLE001 - a bad request gets its error back
                     out = {"ok": False, "why": f"{type(e).__name__}: {e}"}, b""
@@ -133,6 +178,7 @@ class Server:
 
         self._server = _Server((host, port), _Request)
         self.host, self.port = host, self._server.server_address[1]
+        self.at = (self.host, self.port)
         self._thread = threading.Thread(target=self._server.serve_forever, name="kvc-side-channel",
                                         daemon=True)
         self._thread.start()

@@ -99,9 +99,9 @@ class WorkerSide:
             self.pack = PackBuffer(self.ep.exposed)
         if self.vplan is None:
             self.pack_plans = self.producers.packs = PackPlans(cache.plan, own_is_src=False)
-        self.server = Server(self.cfg.host(), self.cfg.port(self.dp_index), self._serve)
-        log.info("KvcacheExtConnector: %s, side channel %s:%d", cache.plan.layout, self.server.host,
-                 self.server.port)
+        self.server = Server(self.cfg.host(), self.cfg.port(self.dp_index), self._serve,
+                             self.cfg.side_channel_timeout_s)
+        log.info("KvcacheExtConnector: %s, side channel %s:%d", cache.plan.layout, *self.server.at)
 
     def address(self) -> WorkerAddress | None:
         if self.server is None:
@@ -180,7 +180,7 @@ class WorkerSide:
             if m.get("debug_delay_s") and not self.cfg.test_only_hooks:  # a peer picks no sleep
                 return {"ok": False, "why": "debug_delay_s is a test hook and this engine was "
                                             "not started with test_only_hooks"}, b""
-            time.sleep(bounded_seconds(m.get("debug_delay_s", 0), self.cfg.read_timeout_s))
+            time.sleep(bounded_seconds(m.get("debug_delay_s"), self.cfg.read_timeout_s, 0.0))
             rid, gen = str(m["request_id"]), int(m["generation"])
             if m.get("instance") != self.instance:
                 return {"ok": False, "why": f"this is instance {self.instance}, the read names "

@@ -68,6 +68,18 @@ def test_a_peer_cannot_make_the_producer_sleep():
     assert reply["ok"] is False and "test hook" in reply["why"]
 
 
+@pytest.mark.parametrize("delay", [None, 0, "soon", [], False])
+def test_a_delay_that_is_no_number_sleeps_not_at_all(delay):
+    """(The fuzz of tests/vllm_env/test_side_channel_peers.py found "debug_delay_s": null
+    taken as the 30-s cap.)"""
+    for cfg in (ConnectorConfig(), ConnectorConfig(test_only_hooks=True)):
+        t = time.monotonic()
+        reply = acquire(producer(cfg), debug_delay_s=delay)
+        assert time.monotonic() - t < 5.0
+        # without the hooks any value given is refused; with them a non-number is no delay
+        assert reply["ok"] is (cfg.test_only_hooks or not delay), reply
+
+
 def test_with_the_hooks_on_the_delay_is_held_to_the_read_timeout():
     ws = producer(ConnectorConfig(test_only_hooks=True, read_timeout_s=0.2))
     t = time.monotonic()
@@ -86,3 +98,4 @@ def test_a_peers_read_timeout_never_holds_blocks_past_the_producers_own(asked):
 def test_a_peers_seconds_are_held_to_the_engines_own_bound():
     assert [bounded_seconds(v, 3.0) for v in (1, 2.5, 9, -1, float("inf"), float("nan"), "1", None, True)] \
         == [1.0, 2.5, 3.0, 0.0, 3.0, 3.0, 3.0, 3.0, 3.0]
+    assert [bounded_seconds(v, 3.0, 0.0) for v in (None, "9", float("nan"), 2)] == [0.0, 0.0, 0.0, 2.0]
