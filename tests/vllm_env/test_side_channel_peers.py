@@ -48,6 +48,18 @@ def closed_after(sock: socket.socket, limit_s: float = 8.0) -> float:
     return time.monotonic() - t
 
 
+def drip(sock: socket.socket, data: bytes, stop: threading.Event) -> None:
+    """data a byte every 0.05 s, until it is all sent, the peer is gone or stop is set."""
+    for b in data:
+        if stop.is_set():
+            return
+        try:
+            sock.sendall(bytes([b]))
+        except OSError:
+            return
+        time.sleep(0.05)
+
+
 def test_a_silent_peer_is_cut_off_while_every_other_peer_is_answered(server):
     silent = socket.create_connection(server.at)
     with silent:
@@ -64,17 +76,7 @@ def test_a_peer_dripping_a_byte_at_a_time_is_cut_off_by_the_message_deadline(ser
     data = frame({"op": "x" * 100})
     sock = socket.create_connection(server.at)
     stop = threading.Event()
-
-    def drip():
-        for b in data:
-            if stop.is_set():
-                return
-            try:
-                sock.sendall(bytes([b]))
-            except OSError:
-                return
-            time.sleep(0.05)
-    t = threading.Thread(target=drip)
+    t = threading.Thread(target=drip, args=(sock, data, stop))
     t.start()
     try:
         assert closed_after(sock) < DEADLINE_S + 2.0
@@ -124,12 +126,7 @@ def test_a_call_is_bounded_in_all_not_per_recv():
     def producer():
         conn, _ = listener.accept()
         with conn:
-            for b in data:
-                try:
-                    conn.sendall(bytes([b]))
-                except OSError:
-                    return
-                time.sleep(0.05)
+            drip(conn, data, threading.Event())
     t = threading.Thread(target=producer)
     t.start()
     start = time.monotonic()
