@@ -36,7 +36,7 @@ os.environ.setdefault("UCX_NET_DEVICES", "lo")
 import torch
 
 import kvcache_ext as kvc
-from kvcache_ext.ops.library import ops as _ops
+from kvcache_ext.ops.library import ops as library_ops
 
 from bench_transfer import check, fill, reply
 from bench_transfer_report import meta
@@ -106,7 +106,7 @@ def run_case(name, src_plan, dst_plan, blob, tokens, repeats) -> dict:
             for p in list(samples):
                 t = time.perf_counter()
                 if p == "local copy_spans":
-                    _ops.copy_spans(local, dst.buffer, spans)
+                    library_ops.copy_spans(local, dst.buffer, spans)
                     if i:
                         samples[p].append({"wall_s": time.perf_counter() - t, "pieces": 0,
                                            "lists_s": 0, "prep_s": 0, "post_s": 0, "move_s": 0,
