@@ -39,6 +39,7 @@ def test_ci_runs_both_tiers_exactly_as_the_readme_gives_them():
     for command in (lines[1], engine):
         runs = [line for line in ci if line.endswith(command + " ;;") or line == command]
         assert len(runs) == 1, (command, runs)
+    assert "for tier in fast engine; do" in ci  # both tiers, every run
     assert "exit \"$rc\"" in ci[-1]
 
 
@@ -98,6 +99,9 @@ def test_a_marked_test_is_left_out_of_the_fast_tier_and_runs_in_the_engine_one(r
     log, outcomes = runs["fast"]
     assert "test_marked" not in outcomes and "1 deselected" in log, log[-3000:]
     assert "1 engine-tier test(s) left out" in log and tiers.ENGINE_COMMAND in log  # and how
+    tail = [line for line in log.splitlines() if line.strip()][-3:]  # last, before the counts
+    assert "left out" in tail[0] and "test_inner.py (1)" in tail[0], tail
+    assert tail[1] == f"run them with: {tiers.ENGINE_COMMAND}" and "deselected" in tail[2], tail
     log, outcomes = runs["engine"]
     assert outcomes == {"test_marked": "PASSED"}, log[-3000:]
 

@@ -26,12 +26,12 @@ ENGINE = "engine"
 FAST_COMMAND = ".venv/bin/python -m pytest -q"
 ENGINE_COMMAND = ".venv/bin/python -m pytest -q -m engine"
 ENV = "KVC_TEST_TIER"  # kvc_harness.tier reads it (keep the two names the same)
-_LEFT_OUT = pytest.StashKey[int]()
+_LEFT_OUT = pytest.StashKey[dict]()  # {file: engine-tier tests of it left out}
 
 # What a command line may not start outside the engine tier, and why (a shell's -c text is read
 # as a command line too).
 FORBIDDEN = [
-    (re.compile(r"(^|\s)-m\s*(venv|virtualenv)\b|(^|[\s/])virtualenv\s|(^|\s)uv\s+venv\b"),
+    (re.compile(r"(^|\s)-m\s*(venv|virtualenv)\b|(^|[\s/])virtualenv\s|(^|[\s/])uv\s+venv\b"),
      "a fresh environment"),
     (re.compile(r"(^|[\s/])vllm-router(\s|$)"), "vllm-router (a server)"),
     (re.compile(r"vllm\.entrypoints|(^|[\s/])vllm\s+serve\b"), "vLLM's OpenAI server"),
@@ -73,7 +73,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept
-    config.stash[_LEFT_OUT] = len(left)
+    by_file: dict[str, int] = {}
+    for i in left:
+        by_file[i.nodeid.split("::")[0]] = by_file.get(i.nodeid.split("::")[0], 0) + 1
+    config.stash[_LEFT_OUT] = by_file
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -83,14 +86,21 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         yield
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
-    left = config.stash.get(_LEFT_OUT, 0)
-    if not left:
-        return
-    terminalreporter.write_sep("-", "engine tier")
-    terminalreporter.write_line(f"fast tier: {left} engine-tier test(s) left out (they start vLLM "
-                                f"engines, servers or fresh environments); run them with:")
-    terminalreporter.write_line(f"  {ENGINE_COMMAND}")
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config):
+    """Last before the closing counts (after the durations and the skip reasons): what the fast
+    tier left out, and the command that runs it."""
+    try:
+        return (yield)
+    finally:
+        left = config.stash.get(_LEFT_OUT, {})
+        if left:
+            terminalreporter.write_sep("-", "engine tier")
+            terminalreporter.write_line(
+                f"fast tier: {sum(left.values())} engine-tier test(s) left out (they start vLLM "
+                f"engines, servers or fresh environments): "
+                + ", ".join(f"{f} ({n})" for f, n in sorted(left.items())))
+            terminalreporter.write_line(f"run them with: {ENGINE_COMMAND}")
 
 
 @contextlib.contextmanager

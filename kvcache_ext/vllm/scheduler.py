@@ -60,11 +60,11 @@ class SchedulerSide:
             return
         hooks = sorted(k for k in p if isinstance(k, str) and k.startswith("kvc_debug_"))
         if hooks and not self.cfg.test_only_hooks:  # a request body never pulls a test hook
-            error = error or (f"kv_transfer_params carry test hook(s) {hooks}, which run only in "
-                              f"an engine started with kv_connector_extra_config"
-                              f"['test_only_hooks'] = true: nothing is read")
-            log.warning("KvcacheExtConnector: request %s: %s", request.request_id, error)
-            hooks = []
+            refused = (f"kv_transfer_params carry test hook(s) {hooks}, which run only in an "
+                       f"engine started with kv_connector_extra_config['test_only_hooks'] = "
+                       f"true: nothing is read")
+            log.warning("KvcacheExtConnector: request %s: %s", request.request_id, refused)
+            error, hooks = error or refused, []
         # every group's block table (a window group's blocks before its window are vLLM's
         # null block): the worker reads the rows each group keeps of tokens past the local hit
         self._meta.recv[request.request_id] = RecvSpec(

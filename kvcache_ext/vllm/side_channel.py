@@ -78,8 +78,9 @@ class Reader:
         head, blob = self._buf[HEADER.size:HEADER.size + n_head], self._buf[end - n_blob:end]
         try:
             message = json.loads(bytes(head))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise FrameError(f"a side-channel frame whose header is not JSON: {e}") from None
+        except (ValueError, RecursionError) as e:  # not UTF-8 or JSON, a 5000-digit int, [[[[...
+            raise FrameError(f"a side-channel frame whose header is not JSON: "
+                             f"{type(e).__name__}: {str(e)[:200]}") from None
         if not isinstance(message, dict):
             raise FrameError(f"a side-channel frame whose header is not a JSON object: "
                              f"{type(message).__name__}")
@@ -119,10 +120,11 @@ def call(host: str, port: int, message: dict, timeout_s: float) -> tuple[dict, b
     has not answered in full within timeout_s (in all), FrameError for a reply that breaks the
     rules."""
     deadline = time.monotonic() + timeout_s
+    left = lambda: deadline - time.monotonic()  # noqa: E731
     with socket.create_connection((host, port), timeout=timeout_s) as sock:
-        sock.settimeout(timeout_s)
+        sock.settimeout(max(left(), 0.001))  # connecting, sending and the reply: timeout_s in all
         send(sock, message)
-        return recv(sock, lambda: deadline - time.monotonic())
+        return recv(sock, left)
 
 
 Handler = Callable[[dict], "tuple[dict, bytes] | Iterator[tuple[dict, bytes]]"]

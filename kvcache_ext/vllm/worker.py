@@ -281,7 +281,7 @@ class WorkerSide:
     def _load_one(self, rs: RecvSpec) -> None:
         dbg = rs.debug
         t0, steps0 = time.monotonic(), self._steps
-        deadline = t0 + float(dbg.get("timeout_s", self.cfg.read_timeout_s))
+        deadline = t0 + bounded_seconds(dbg.get("timeout_s"), self.cfg.read_timeout_s)
         left = lambda: max(deadline - time.monotonic(), 0.001)  # noqa: E731
         handle, error, xfer = None, "", None
         times: dict[str, object] = {}  # seconds of each stage, for the stats line
@@ -345,7 +345,7 @@ class WorkerSide:
             with self._cond:
                 self._recv_done.add(rs.request_id)
                 self._cond.notify_all()  # an idle step waiting in results() answers now
-            self._release_later(r, float(dbg.get("release_delay_s", 0.0)))
+            self._release_later(r, bounded_seconds(dbg.get("release_delay_s"), self.cfg.hold_timeout_s, 0))
         except Exception as e:  # noqa: BLE001 - every failure is the request's, reported to vLLM
             if handle is not None:
                 handle.cancel()  # NIXL aborts it: no byte lands after this
@@ -396,5 +396,5 @@ class WorkerSide:
         try:
             call(r.host, r.port, {"op": "release", "request_id": r.request_id,
                                   "generation": r.generation}, timeout_s or self.cfg.read_timeout_s)
-        except OSError as e:
+        except (OSError, ValueError) as e:  # gone, or a reply that breaks the rules (FrameError)
             log.info("KvcacheExtConnector: release of %s not delivered: %s", r.request_id, e)

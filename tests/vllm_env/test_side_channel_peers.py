@@ -138,6 +138,7 @@ def test_a_call_is_bounded_in_all_not_per_recv():
 
 
 # ---- fuzz: frames, and field values through the producer's own handler ------------------------
+INSTANCE = "<the producer's instance>"  # replaced by it when sent: acquires reach the holds
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
                     lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c,
                                                                           max_size=4),
@@ -145,29 +146,41 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st
 FIELDS = st.fixed_dictionaries({}, optional={
     "op": st.sampled_from(["meta", "acquire", "release", "nope"]) | JSON,
     "request_id": st.sampled_from(["r"]) | JSON, "generation": st.sampled_from([1]) | JSON,
-    "instance": JSON, "timeout_s": JSON, "debug_delay_s": JSON, "pack": JSON})
+    "instance": st.just(INSTANCE) | JSON, "timeout_s": JSON, "debug_delay_s": JSON,
+    "pack": JSON})
+DEEP = b"[" * 100_000 + b"]" * 100_000  # json's recursion limit
+HUGE_INT = b'{"generation": ' + b"9" * 5000 + b"}"  # past Python's int-string limit
 
 
 @st.composite
-def frames(draw) -> bytes:
-    kind = draw(st.sampled_from(["message", "lengths", "raw"]))
-    if kind == "message":  # a well-formed frame of random fields (sometimes a blob)
-        return frame(draw(FIELDS), draw(st.binary(max_size=8)))
-    if kind == "lengths":  # a header whose lengths say anything, then some bytes
+def frames(draw) -> dict | bytes:
+    """A message (random fields, the producer's own instance among them; sometimes a blob,
+    which a request may not carry) or bytes: a header whose lengths say anything, raw bytes,
+    headers json cannot take."""
+    kind = draw(st.sampled_from(["message", "message", "lengths", "raw", "unparsable"]))
+    if kind == "message":
+        return {"fields": draw(FIELDS), "blob": draw(st.binary(max_size=8) | st.just(b""))}
+    if kind == "lengths":
         head = HEADER.pack(draw(st.integers(0, 2**32 - 1)), draw(st.integers(0, 2**32 - 1)))
         return head + draw(st.binary(max_size=64))
+    if kind == "unparsable":
+        head = draw(st.sampled_from([DEEP, HUGE_INT, b"\xff" * 3, b"NaN", b"{'a': 1}"]))
+        return HEADER.pack(len(head), 0) + head
     return draw(st.binary(max_size=64))
 
 
 @pytest.fixture(scope="module")
 def producer_server():
-    """The producer worker's own _serve behind a server, holding request r (hand-off 1)."""
+    """The producer worker's own _serve behind a server, holding request r (hand-off 1); an
+    acquire for a request it does not hold waits 0.05 s here, not 5 s."""
     vcfg = NS(kv_transfer_config=NS(engine_id="producer"), parallel_config=NS(),
               model_config=NS(max_model_len=4096))
     ws = W.WorkerSide(vcfg, NS(kv_cache_groups=[NS(layer_names=["l0"])]), ConnectorConfig())
     ws._holds["r"] = W._Hold(generation=1, expiry_time=time.time() + 3600)
     s = Server("127.0.0.1", 0, ws._serve, message_timeout_s=2.0)
-    yield s, ws
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(W, "_ACQUIRE_WAIT_S", 0.05)
+        yield s, ws
     s.close()
 
 
@@ -176,6 +189,12 @@ def producer_server():
 @given(data=frames())
 def test_fuzzed_frames_never_crash_or_hang_the_server(producer_server, data):
     s, ws = producer_server
+    if "r" not in ws._holds:  # a fuzzed release freed it
+        ws._holds["r"] = W._Hold(generation=1, expiry_time=time.time() + 3600)
+    message = isinstance(data, dict)
+    if message:
+        fields = {k: ws.instance if v == INSTANCE else v for k, v in data["fields"].items()}
+        data = frame(fields, data["blob"])
     with socket.create_connection(s.at, timeout=5) as sock:
         sock.sendall(data)
         sock.shutdown(socket.SHUT_WR)  # what it sent is all there is
@@ -184,6 +203,7 @@ def test_fuzzed_frames_never_crash_or_hang_the_server(producer_server, data):
         while chunk := sock.recv(1 << 16):  # the server answers or closes, in time
             got += chunk
         assert time.monotonic() - t < 5.0
+    assert got or not message  # a whole message is always answered (a refusal says why)
     if got:  # a reply is one well-formed frame whose header says ok or not
         a, b = socket.socketpair()
         with a, b:
