@@ -130,7 +130,10 @@ def test_delayed_read_while_the_producer_fills(run) -> None:
     assert case["tokens"] == case["baseline"]
 
 
-FAULTS = ["read fails (block id past the producer's cache)", "metadata does not match (engine id)",
+FORGED = ["forged: another request's blocks", "forged: freed blocks",
+          "read fails (block id past the producer's cache)"]
+FAULTS = ["forged: another request's blocks", "forged: freed blocks",
+          "read fails (block id past the producer's cache)", "metadata does not match (engine id)",
           "unknown hand-off (generation)", "read times out", "parameters expired",
           "producer gone", "producer restarted"]
 
@@ -149,6 +152,26 @@ def test_fault_fail_policy_ends_with_an_error(run, fault: str) -> None:
     case = run["cases"][f"fault {fault} [f]"]
     assert case["finish"] == "error"
     assert case["tokens"] == []
+
+
+def test_the_producer_refuses_and_counts_every_forged_block_list(run) -> None:
+    """Parameters naming blocks the producer does not hold for that request and hand-off:
+    refused at the acquire, before a byte moves (the consumer's read line: 0 bytes), each
+    counted by the producer (a's refusal lines: one per forged read, none for another cause
+    of the blocks kind)."""
+    for name in FORGED:
+        for consumer in "bf":
+            case = run["cases"][f"fault {name} [{consumer}]"]
+            read = case["read"]
+            assert not read["ok"] and read["bytes"] == 0, read
+            assert "the producer refused the read" in read["error"], read
+            assert "the read names blocks" in read["error"], read
+    blocks = [r for r in run["refused"]["a"] if r["refused"] == "blocks"]
+    assert len(blocks) == 2 * len(FORGED), run["refused"]["a"]
+    for kind, ids in run["forged"].items():  # each a forgery: not the request's own blocks
+        for consumer in "bf":
+            own = run["cases"][f"fault forged: {kind} [{consumer}]"]["params"]["remote_block_ids"]
+            assert ids != own, (kind, consumer, ids)
 
 
 def test_failed_reads_are_reported_and_bounded(run) -> None:

@@ -10,7 +10,8 @@ Cases: the block-size pairs 32 -> 64, 64 -> 32, 32 -> 96, 96 -> 64 for prompts o
 230 tokens (tokens vs the consumer's own, salted baseline; external prefix-cache hits; bytes
 read), a consumer holding part of the prompt, a read delayed while other prompts fill the
 producer, the faults (producer gone, restarted, read that fails, read that times out, metadata
-that does not match, parameters that expired, a consumer request aborted mid-read, corrupted
+that does not match, parameters that expired, block ids forged (another prompt's, freed ones,
+past the cache: the producer refuses each and counts it), a consumer request aborted mid-read, corrupted
 bytes), each under both policies, and the producer's blocks back where they started."""
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import time
 from pathlib import Path
 from dataclasses import asdict
 
-from kvc_harness.engines import Engines, Prompt, external_hits, free_port, make_model, read_stats
+from kvc_harness.engines import (Engines, Prompt, external_hits, free_port, make_model, read_stats,
+                                refusals)
 
 LENGTHS = (1, 31, 33, 230)
 A_BLOCKS = 64  # the producer a's whole cache: the delayed-read case cycles every free block
@@ -194,7 +196,17 @@ def main(out_path: str) -> None:
             "fill_blocks": sum(-(-(len(x) + 2) // 32) for x in fill), "a_blocks": A_BLOCKS}
 
         # ---- faults, under both policies ---------------------------------------------------
+        # forged block ids: another prompt's, held for a reader (y); a read prompt's, freed (z)
+        pre_y = a.generate([Prompt(ids(200, seed=31), 1, {"do_remote_decode": True})])[0]
+        z = ids(200, seed=32)
+        pre_z = a.generate([Prompt(z, 1, {"do_remote_decode": True})])[0]
+        b.generate([Prompt(z, 2, dict(pre_z.params))])  # read: a frees z's blocks
+        forged = {"another request's blocks": pre_y.params["remote_block_ids"],
+                  "freed blocks": pre_z.params["remote_block_ids"]}
+        res["forged"] = forged
         faults = {
+            **{f"forged: {k}": (lambda q, ids_=v: q | {"remote_block_ids": ids_}, None)
+               for k, v in forged.items()},
             "read fails (block id past the producer's cache)":
                 (lambda q: q | {"remote_block_ids": [[10 ** 7] * len(q["remote_block_ids"][0])]}, None),
             "metadata does not match (engine id)":
@@ -214,8 +226,9 @@ def main(out_path: str) -> None:
                 again = d.generate([Prompt(prompt, 8)])[0]  # on the blocks vLLM recomputed
                 res["cases"][f"fault {name} [{consumer}]"] = {
                     "tokens": out.tokens, "baseline": base.tokens, "finish": out.finish_reason,
-                    "seconds": secs, "again": again.tokens,
-                    "policy": "fail" if consumer == "f" else "recompute"}
+                    "seconds": secs, "again": again.tokens, "read": read_stats(stats[consumer])[-1],
+                    "params": pre.params, "policy": "fail" if consumer == "f" else "recompute"}
+        b.generate([Prompt(ids(200, seed=31), 2, dict(pre_y.params))])  # y read at last: freed
         # parameters that expired: c holds for 8 s
         for consumer in ("b", "f"):
             prompt = ids(120, seed=11 if consumer == "b" else 12)
@@ -285,6 +298,7 @@ def main(out_path: str) -> None:
         res["usage_start"] = usage0
         res["usage_end"] = {n: usage(e) for n, e in byname.items()}
         res["reads"] = {n: read_stats(p) for n, p in stats.items()}
+        res["refused"] = {n: refusals(p) for n, p in stats.items()}
     res["seconds"] = time.time() - t_start
     with open(out_path, "w") as fh:
         json.dump(res, fh, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))

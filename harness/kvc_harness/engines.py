@@ -358,12 +358,21 @@ def has_amx() -> bool:
     return " amx_tile" in Path("/proc/cpuinfo").read_text()
 
 
-def read_stats(path: str) -> list[dict]:
-    """The connector's stats lines (kv_connector_extra_config stats_path), one per read."""
+def _stats_lines(path: str) -> list[dict]:
     if not os.path.exists(path):
         return []
     with open(path) as f:
         return [json.loads(line) for line in f]
+
+
+def read_stats(path: str) -> list[dict]:
+    """The connector's stats lines (kv_connector_extra_config stats_path), one per read."""
+    return [r for r in _stats_lines(path) if "refused" not in r]
+
+
+def refusals(path: str) -> list[dict]:
+    """The producer's lines in the same file: one per acquire it refused (refused: the reason)."""
+    return [r for r in _stats_lines(path) if "refused" in r]
 
 
 def make_v4_model(folder: str, compress_ratios: tuple[int, ...] = (0, 4, 128, 4)) -> str:

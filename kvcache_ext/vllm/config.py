@@ -32,6 +32,18 @@ class ConnectorConfig:
     #                                 whole within this long of its connection (a silent or
     #                                 byte-dripping peer is cut off), and each reply be taken
     #                                 within this long
+    side_channel_max_connections: int = 64  # producer: connections served at once; one more
+    #                                 is closed at once (each holds a thread for up to
+    #                                 side_channel_timeout_s)
+    acquire_wait_s: float = 5.0    # producer: an acquire for a request it does not hold yet waits
+    #                                 up to this long (the read may ask before this worker has
+    #                                 the step's metadata that holds it), at most the read's own
+    #                                 timeout
+    allowed_producers: str = ""    # consumer: the producers a request's parameters may name,
+    #                                 comma-separated: host names, IP addresses, CIDR networks,
+    #                                 each optionally ':port', or '*' for any. Default: this
+    #                                 machine's only (loopback and this engine's side-channel
+    #                                 host); docs/trust.md
     poison_before_load: bool = False  # fill a request's destination rows with NaN before reading
     #                                    (tests: a token computed from bytes never written shows)
     pack_buffer_mb: float = 0.0    # producer: a buffer of this many MiB (registered with NIXL)
@@ -57,7 +69,8 @@ class ConnectorConfig:
     #                                 while it was in flight), ok, error; the read's
     #                                 path, pieces NIXL posted, staged_bytes; the seconds of each
     #                                 stage: peer_s, acquire_s, plan_s (plan_cpu_s: its CPU
-    #                                 time), read_s)
+    #                                 time), read_s); producer: one line per acquire it
+    #                                 refused ("refused": why, in a word; "request_id"; "why")
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> "ConnectorConfig":
@@ -82,6 +95,12 @@ class ConnectorConfig:
         if not 0 <= cfg.idle_wait_ms <= 1000:
             raise ValueError(f"kv_connector_extra_config['idle_wait_ms'] must be in [0, 1000], "
                              f"got {cfg.idle_wait_ms!r}")
+        if not 1 <= cfg.side_channel_max_connections <= 4096:
+            raise ValueError(f"kv_connector_extra_config['side_channel_max_connections'] must "
+                             f"be in [1, 4096], got {cfg.side_channel_max_connections!r}")
+        if not 0 <= cfg.acquire_wait_s <= 60:
+            raise ValueError(f"kv_connector_extra_config['acquire_wait_s'] must be in [0, 60], "
+                             f"got {cfg.acquire_wait_s!r}")
         for name in ("hold_timeout_s", "read_timeout_s", "side_channel_timeout_s"):
             if not getattr(cfg, name) > 0:
                 raise ValueError(f"kv_connector_extra_config[{name!r}] must be > 0, got "

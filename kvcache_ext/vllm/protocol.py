@@ -21,7 +21,7 @@ OWN_PARAM_KEYS = ("remote_instance", "remote_generation")
 class Remote:
     """Where a prompt's cache is: the producer's side channel and worker instance, its block ids
     (one tuple per KV-cache group, in the producer's group order), and which hand-off of which
-    request."""
+    request. Made from a request's parameters by params.remote_of, which checks each field."""
 
     host: str
     port: int
@@ -32,27 +32,6 @@ class Remote:
     block_ids: tuple[tuple[int, ...], ...]
     num_tokens: int
     expiry_time: float
-
-    @classmethod
-    def from_params(cls, p: dict) -> "Remote":
-        """ValueError naming the key when the parameters are not a producer's."""
-        missing = [k for k in ("remote_block_ids", "remote_engine_id", "remote_request_id",
-                               "remote_host", "remote_port", "remote_num_tokens",
-                               "remote_instance", "remote_generation") if k not in p]
-        if missing:
-            raise ValueError(f"kv_transfer_params lack {missing}: not a KvcacheExtConnector "
-                             f"producer's parameters")
-        groups = p["remote_block_ids"]
-        if (not isinstance(groups, (list, tuple)) or not groups
-                or not all(isinstance(g, (list, tuple)) for g in groups)):
-            raise ValueError(f"kv_transfer_params['remote_block_ids'] must hold one list of block "
-                             f"ids per KV-cache group, got {groups!r:.80}")
-        expiry = p.get("remote_blocks_expiry_time")
-        return cls(str(p["remote_host"]), int(p["remote_port"]), str(p["remote_engine_id"]),
-                   str(p["remote_instance"]), str(p["remote_request_id"]),
-                   int(p["remote_generation"]),
-                   tuple(tuple(int(b) for b in g) for g in groups),
-                   int(p["remote_num_tokens"]), float(expiry) if expiry is not None else 0.0)
 
 
 @dataclass
@@ -77,6 +56,8 @@ class SendSpec:
     request_id: str
     generation: int
     expiry_time: float  # time.time() after which they are freed unread
+    block_ids: tuple[tuple[int, ...], ...] = ()  # every group's: the only blocks a read of
+    #                                               this hand-off may take
 
 
 @dataclass

@@ -11,6 +11,7 @@ import time
 from vllm.v1.request import RequestStatus
 
 from .config import ConnectorConfig
+from .params import ParamError, ParamLimits, allowed_of, remote_of
 from .protocol import KvcacheExtMetadata, RecvSpec, Remote, SendSpec, WorkerAddress
 
 _FINISHED_OK = (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
@@ -29,6 +30,13 @@ class SchedulerSide:
         # forwards wait for, so its step must not wait (worker.results)
         par = getattr(vllm_config, "parallel_config", None)
         self._may_idle = int(getattr(par, "data_parallel_size", 1) or 1) == 1
+        model = getattr(vllm_config, "model_config", None)
+        self._max_tokens = int(getattr(model, "max_model_len", 0) or 0)
+        self._allowed = allowed_of(cfg.allowed_producers, cfg.host())
+
+    def remote(self, p: dict, num_groups: int = 0) -> Remote:
+        """The producer a request's parameters name, every field checked (ParamError)."""
+        return remote_of(p, ParamLimits(self._max_tokens, num_groups, self._allowed))
 
     def set_worker_address(self, address: WorkerAddress) -> None:
         self.address = address
@@ -38,7 +46,7 @@ class SchedulerSide:
         """A decode request with a producer's parameters: the prompt tokens past the local
         prefix hit come from the producer, asynchronously."""
         p = request.kv_transfer_params
-        if not p or not p.get("do_remote_prefill"):
+        if not isinstance(p, dict) or not p.get("do_remote_prefill"):
             return 0, False
         self._local_hit[request.request_id] = num_computed_tokens
         count = len(request.prompt_token_ids or ()) - num_computed_tokens
@@ -47,13 +55,16 @@ class SchedulerSide:
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         p = request.kv_transfer_params
         local_hit = self._local_hit.pop(request.request_id, 0)
-        if not p or not p.get("do_remote_prefill"):
+        if not isinstance(p, dict) or not p.get("do_remote_prefill"):
             return
         p["do_remote_prefill"] = False  # one read per request
-        try:
-            remote, error = Remote.from_params(p), ""
-        except (ValueError, TypeError) as e:
+        block_ids = [list(g) for g in blocks.get_block_ids()]
+        try:  # nothing of a bad field is used: the read fails at once, naming it
+            remote, error = self.remote(p, len(block_ids)), ""
+        except ParamError as e:
             remote, error = None, str(e)
+            log.warning("KvcacheExtConnector: request %s: %s: nothing is read",
+                        request.request_id, e)
         if num_external_tokens == 0:  # the whole prompt was held locally: free the producer's
             if remote is not None:
                 self._meta.release[request.request_id] = remote
@@ -68,8 +79,7 @@ class SchedulerSide:
         # every group's block table (a window group's blocks before its window are vLLM's
         # null block): the worker reads the rows each group keeps of tokens past the local hit
         self._meta.recv[request.request_id] = RecvSpec(
-            request.request_id, remote, [list(g) for g in blocks.get_block_ids()],
-            local_hit, num_external_tokens, error, {k[len("kvc_debug_"):]: p[k] for k in hooks})
+            request.request_id, remote, block_ids, local_hit, num_external_tokens, error, {k[len("kvc_debug_"):]: p[k] for k in hooks})
 
     # ---- producer ------------------------------------------------------------------------------
     def request_finished(self, request,
@@ -79,14 +89,16 @@ class SchedulerSide:
         and the hand-off's instance and generation)."""
         p = request.kv_transfer_params
         self._local_hit.pop(request.request_id, None)  # ended (aborted) before its allocation
-        if p and p.get("do_remote_prefill"):  # a decode request that ended before its read: the
-            p["do_remote_prefill"] = False      # producer may free the prompt's blocks now
+        if not isinstance(p, dict):
+            return False, None
+        if p.get("do_remote_prefill"):  # a decode request that ended before its read: the
+            p["do_remote_prefill"] = False  # producer may free the prompt's blocks now
             try:
-                self._meta.release[request.request_id] = Remote.from_params(p)
-            except (ValueError, TypeError):
+                self._meta.release[request.request_id] = self.remote(p)
+            except ParamError:
                 pass
             return False, None
-        if not p or not p.get("do_remote_decode"):
+        if not p.get("do_remote_decode"):
             return False, None
         held = sum(b != 0 for g in block_ids for b in g)  # block 0: vLLM's null block
         if request.status not in _FINISHED_OK or not held or self.address is None:
@@ -97,7 +109,8 @@ class SchedulerSide:
             return False, None
         generation = next(self._generations)
         expiry = time.time() + self.cfg.hold_timeout_s
-        self._meta.send[request.request_id] = SendSpec(request.request_id, generation, expiry)
+        self._meta.send[request.request_id] = SendSpec(
+            request.request_id, generation, expiry, tuple(tuple(g) for g in block_ids))
         return True, {
             "do_remote_prefill": True, "do_remote_decode": False,
             "remote_block_ids": [list(g) for g in block_ids], "remote_engine_id": self.engine_id,

@@ -134,10 +134,12 @@ class Server:
     """Serves `handler(message) -> (reply, blob)`, or an iterator of them (streamed, then the
     connection closes), on (host, port) only; port 0 picks a free one. A request (no blob) must
     arrive whole within message_timeout_s of its connection, and each reply be taken within
-    that long, or the connection ends."""
+    that long, or the connection ends. At most max_connections are served at once (each holds a
+    thread): one more is closed unanswered."""
 
     def __init__(self, host: str, port: int, handler: Handler,
-                 message_timeout_s: float = MESSAGE_TIMEOUT_S) -> None:
+                 message_timeout_s: float = MESSAGE_TIMEOUT_S, max_connections: int = 64) -> None:
+        slots = threading.BoundedSemaphore(max_connections)
         class _Request(socketserver.BaseRequestHandler):
             def handle(self) -> None:
                 deadline = time.monotonic() + message_timeout_s
@@ -177,6 +179,18 @@ class Server:
         class _Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+
+            def process_request(self, request, client_address) -> None:
+                if not slots.acquire(blocking=False):  # a peer holding every slot is refused
+                    self.shutdown_request(request)     # more, and the others' end in time
+                    return
+                super().process_request(request, client_address)
+
+            def process_request_thread(self, request, client_address) -> None:
+                try:
+                    super().process_request_thread(request, client_address)
+                finally:
+                    slots.release()
 
         self._server = _Server((host, port), _Request)
         self.host, self.port = host, self._server.server_address[1]

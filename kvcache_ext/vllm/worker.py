@@ -12,8 +12,8 @@ when the buffer is full, the consumer re-tiles what it reads itself.
 
 A producer holds a finished prompt's blocks (vLLM frees them when get_transfer_results reports
 the request as sent) until the consumer releases them or the hold times out; a read the producer
-granted extends the hold until the read's own deadline. Parameters whose instance or generation
-the producer does not hold are refused: never read as wrong bytes."""
+granted extends the hold until the read's own deadline. Parameters whose instance, generation or
+block ids the producer does not hold are refused (producer.py): never read as wrong bytes."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections import Counter
 
 import torch
 
@@ -33,23 +33,15 @@ from .config import ConnectorConfig
 from .group_plan import VllmGroupPlan, group_cache_of, group_plan_of
 from .group_reads import group_spans, group_tables
 from .packing import Done, PackBuffer, pack_ask, read_packed
+from .params import ParamError, check_blocks
 from .peer_input import bounded_seconds
 from .peers import LoadError, Producers
+from .producer import Hold, ProducerSide
 from .protocol import KvcacheExtMetadata, RecvSpec, Remote, WorkerAddress
 from .side_channel import Server, call, stream
 
 log = logging.getLogger("kvcache_ext.vllm")
-_ACQUIRE_WAIT_S = 5.0  # a read may ask before the producer's worker has its step's metadata
-
-
-@dataclass
-class _Hold:
-    generation: int
-    expiry_time: float        # time.time(): freed unread after this
-    read_deadline: float = 0  # time.time(): a granted read holds the blocks until then
-
-
-class WorkerSide:
+class WorkerSide(ProducerSide):
     def __init__(self, vllm_config, kv_cache_config, cfg: ConnectorConfig,
                  vplan: VllmGroupPlan | None = None) -> None:
         """vplan: a hybrid cache's VllmGroupPlan if check_supported made it already."""
@@ -67,7 +59,8 @@ class WorkerSide:
         self.max_tokens = int(getattr(model, "max_model_len", 0) or 0)  # reserve_runs: a longest prompt
         self.instance = uuid.uuid4().hex[:12]
         self._cond = threading.Condition()
-        self._holds: dict[str, _Hold] = {}
+        self._holds: dict[str, Hold] = {}
+        self.refused: Counter = Counter()  # producer: acquires refused, by reason
         self._sent: set[str] = set()
         self._recv_done: set[str] = set()
         self._recv_failed: set[str] = set()
@@ -100,7 +93,8 @@ class WorkerSide:
         if self.vplan is None:
             self.pack_plans = self.producers.packs = PackPlans(cache.plan, own_is_src=False)
         self.server = Server(self.cfg.host(), self.cfg.port(self.dp_index), self._serve,
-                             self.cfg.side_channel_timeout_s)
+                             self.cfg.side_channel_timeout_s,
+                             self.cfg.side_channel_max_connections)
         log.info("KvcacheExtConnector: %s, side channel %s:%d", cache.plan.layout, *self.server.at)
 
     def address(self) -> WorkerAddress | None:
@@ -118,7 +112,7 @@ class WorkerSide:
     def start(self, meta: KvcacheExtMetadata) -> None:
         with self._cond:
             for rid, s in meta.send.items():
-                self._holds[rid] = _Hold(s.generation, s.expiry_time)
+                self._holds[rid] = Hold(s.generation, s.expiry_time, s.block_ids)
             self._loading += len(meta.recv)
             self._idle = meta.idle
             self._cond.notify_all()
@@ -151,11 +145,6 @@ class WorkerSide:
             done, self._recv_done = self._recv_done, set()
         return sent, done | failed, failed
 
-    def _holding(self, rid: str, gen: int) -> bool:
-        with self._cond:
-            h = self._holds.get(rid)
-            return h is not None and h.generation == gen
-
     def _drop_hold(self, rid: str) -> None:
         """Under _cond: the blocks held for rid are free (reported sent at the next step, its
         pack range returned); an idle step waiting in results() answers now."""
@@ -170,50 +159,20 @@ class WorkerSide:
             bad, self._bad_blocks = self._bad_blocks, set()
         return bad
 
-    # ---- producer: the side channel ------------------------------------------------------------
-    def _serve(self, m: dict) -> tuple[dict, bytes]:
-        op = m.get("op")
-        if op == "meta":
-            return {"ok": True, "engine_id": self.engine_id, "instance": self.instance,
-                    "layers": self.layer_names}, self.ep.metadata()
-        if op == "acquire":
-            if m.get("debug_delay_s") and not self.cfg.test_only_hooks:  # a peer picks no sleep
-                return {"ok": False, "why": "debug_delay_s is a test hook and this engine was "
-                                            "not started with test_only_hooks"}, b""
-            time.sleep(bounded_seconds(m.get("debug_delay_s"), self.cfg.read_timeout_s, 0.0))
-            rid, gen = str(m["request_id"]), int(m["generation"])
-            if m.get("instance") != self.instance:
-                return {"ok": False, "why": f"this is instance {self.instance}, the read names "
-                                            f"{m.get('instance')} (restarted: its blocks are "
-                                            f"gone)"}, b""
-            with self._cond:
-                self._cond.wait_for(lambda: rid in self._holds, timeout=_ACQUIRE_WAIT_S)
-                h = self._holds.get(rid)
-                if h is None or h.generation != gen:
-                    return {"ok": False, "why": f"request {rid} (hand-off {gen}) holds no blocks "
-                                                f"here: freed, reused or never sent"}, b""
-                if time.time() > h.expiry_time:
-                    self._drop_hold(rid)
-                    return {"ok": False, "why": f"request {rid}'s blocks were freed: the hold "
-                                                f"timed out"}, b""
-                h.read_deadline = time.time() + bounded_seconds(  # at most our read timeout
-                    m.get("timeout_s"), self.cfg.read_timeout_s)
-            if m.get("pack") and self.pack is not None:
-                return self.pack.pack(self.ep.cache.buffer, self.ep.plan, rid, m["pack"],
-                                      lambda: self._holding(rid, gen))
-            return {"ok": True}, b""
-        if op == "release":
-            rid, gen = str(m["request_id"]), int(m["generation"])
-            with self._cond:
-                h = self._holds.get(rid)
-                if h is not None and h.generation == gen:
-                    self._drop_hold(rid)
-            return {"ok": True}, b""
-        return {"ok": False, "why": f"unknown op {op!r}"}, b""
-
     # ---- consumer: one prompt's read -----------------------------------------------------------
     def _peer(self, r: Remote, timeout_s: float) -> kvc_nixl.Peer:
         return self.producers.peer(self.ep, r, timeout_s)
+
+    def _check_blocks(self, peer: kvc_nixl.Peer, r: Remote) -> None:
+        """The parameters' block lists against the producer's plan (LoadError naming them):
+        a grouped cache's in this engine's group order (vLLM's, the producer's too)."""
+        plan = peer.plan
+        sizes = ([plan.group(n).block_size for n in self.vplan.group_names]
+                 if self.vplan is not None else [plan.block_size])
+        try:
+            check_blocks(r, sizes, plan.num_blocks)
+        except (ParamError, KeyError) as e:
+            raise LoadError(str(e)) from None
 
     def _tables(self, src, dst, rs: RecvSpec) -> tuple[dict, dict]:
         try:
@@ -283,7 +242,7 @@ class WorkerSide:
         t0, steps0 = time.monotonic(), self._steps
         deadline = t0 + bounded_seconds(dbg.get("timeout_s"), self.cfg.read_timeout_s)
         left = lambda: max(deadline - time.monotonic(), 0.001)  # noqa: E731
-        handle, error, xfer = None, "", None
+        handle, error, xfer, lease = None, "", None, None
         times: dict[str, object] = {}  # seconds of each stage, for the stats line
 
         def lap(stage: str, since: float) -> float:
@@ -302,12 +261,13 @@ class WorkerSide:
             if rs.start + rs.count > r.num_tokens:
                 raise LoadError(f"tokens {rs.start}..{rs.start + rs.count} asked, the producer "
                                 f"holds {r.num_tokens}")
-            time.sleep(min(float(dbg.get("delay_s", 0.0)), left()))
+            time.sleep(bounded_seconds(dbg.get("delay_s"), left(), 0.0))
             t = time.monotonic()
             peer = self._peer(r, left())
             t = lap("peer_s", t)
+            held = [list(g) for g in r.block_ids]  # the producer refuses any it does not hold
             ask = {"op": "acquire", "request_id": r.request_id, "generation": r.generation,
-                   "instance": r.instance, "timeout_s": left(),
+                   "instance": r.instance, "timeout_s": left(), "block_ids": held,
                    "debug_delay_s": dbg.get("acquire_delay_s", 0.0)}
             pack = None if self.vplan is not None else pack_ask(
                 self.ep, peer, r.block_ids[0], rs.start, rs.count, plans=self.pack_plans)
@@ -322,7 +282,17 @@ class WorkerSide:
                 if reply.get("ok"):  # read, but not packed: the producer says why
                     times["pack_refused"] = str(reply.get("why", ""))
             if not reply.get("ok"):
-                raise LoadError(f"the producer refused the read: {reply.get('why')}")
+                raise LoadError(f"the producer refused the read: {str(reply.get('why')):.300}")
+            lease = reply.get("lease")
+            try:
+                if reply.get("block_ids") != held:  # a read takes only what the producer names
+                    raise LoadError(f"the producer holds blocks {str(reply.get('block_ids')):.80}"
+                                    f", the parameters name {str(held):.80}")
+                self._check_blocks(peer, r)
+            except LoadError:
+                if pack is not None:
+                    replies.close()  # the producer stops packing
+                raise
             if pack is not None and reply.get("packed"):
                 try:
                     stats, runs = read_packed(
@@ -345,7 +315,8 @@ class WorkerSide:
             with self._cond:
                 self._recv_done.add(rs.request_id)
                 self._cond.notify_all()  # an idle step waiting in results() answers now
-            self._release_later(r, bounded_seconds(dbg.get("release_delay_s"), self.cfg.hold_timeout_s, 0))
+            self._release_later(r, bounded_seconds(dbg.get("release_delay_s"),
+                                                   self.cfg.hold_timeout_s, 0), lease)
         except Exception as e:  # noqa: BLE001 - every failure is the request's, reported to vLLM
             if handle is not None:
                 handle.cancel()  # NIXL aborts it: no byte lands after this
@@ -372,7 +343,7 @@ class WorkerSide:
                 if self.vplan is None:  # vLLM takes block-level failures from one group only
                     self._bad_blocks.update(bad)
             if rs.remote is not None:
-                self._release_later(rs.remote)
+                self._release_later(rs.remote, 0.0, lease)
         if self.cfg.stats_path:
             rec = {"request_id": rs.request_id, "start": rs.start, "tokens": rs.count,
                    "runs": xfer.runs if xfer else 0, "spans": xfer.spans if xfer else 0,
@@ -387,14 +358,17 @@ class WorkerSide:
             with self._cond, open(self.cfg.stats_path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
 
-    def _release_later(self, r: Remote, delay_s: float = 0.0) -> None:
-        threading.Thread(target=lambda: (time.sleep(delay_s), self._release(r)), daemon=True).start()
+    def _release_later(self, r: Remote, delay_s: float = 0.0, lease: str | None = None) -> None:
+        threading.Thread(target=lambda: (time.sleep(delay_s), self._release(r, lease=lease)),
+                         daemon=True).start()
 
-    def _release(self, r: Remote, timeout_s: float | None = None) -> None:
+    def _release(self, r: Remote, timeout_s: float | None = None,
+                 lease: str | None = None) -> None:
         """Tell the producer it may free the blocks (best effort: a gone producer frees them by
-        itself when its hold times out)."""
+        itself when its hold times out). lease: the acquire's, after a granted read."""
         try:
             call(r.host, r.port, {"op": "release", "request_id": r.request_id,
-                                  "generation": r.generation}, timeout_s or self.cfg.read_timeout_s)
+                                  "generation": r.generation, "lease": lease},
+                 timeout_s or self.cfg.read_timeout_s)
         except (OSError, ValueError) as e:  # gone, or a reply that breaks the rules (FrameError)
             log.info("KvcacheExtConnector: release of %s not delivered: %s", r.request_id, e)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from kvcache_ext.vllm import worker as W
 from kvcache_ext.vllm.config import ConnectorConfig
+from kvcache_ext.vllm.producer import Hold
 from kvcache_ext.vllm.side_channel import (HEADER, MAX_BLOB_BYTES, MAX_HEAD_BYTES, FrameError,
                                           Reader, Server, call, recv, send)
 
@@ -147,7 +148,8 @@ FIELDS = st.fixed_dictionaries({}, optional={
     "op": st.sampled_from(["meta", "acquire", "release", "nope"]) | JSON,
     "request_id": st.sampled_from(["r"]) | JSON, "generation": st.sampled_from([1]) | JSON,
     "instance": st.just(INSTANCE) | JSON, "timeout_s": JSON, "debug_delay_s": JSON,
-    "pack": JSON})
+    "block_ids": st.just([[1, 2]]) | JSON, "lease": JSON, "pack": JSON})
+BLOCKS = ((1, 2),)  # what the producer holds for r
 DEEP = b"[" * 100_000 + b"]" * 100_000  # json's recursion limit
 HUGE_INT = b'{"generation": ' + b"9" * 5000 + b"}"  # past Python's int-string limit
 
@@ -175,12 +177,11 @@ def producer_server():
     acquire for a request it does not hold waits 0.05 s here, not 5 s."""
     vcfg = NS(kv_transfer_config=NS(engine_id="producer"), parallel_config=NS(),
               model_config=NS(max_model_len=4096))
-    ws = W.WorkerSide(vcfg, NS(kv_cache_groups=[NS(layer_names=["l0"])]), ConnectorConfig())
-    ws._holds["r"] = W._Hold(generation=1, expiry_time=time.time() + 3600)
+    ws = W.WorkerSide(vcfg, NS(kv_cache_groups=[NS(layer_names=["l0"])]),
+                      ConnectorConfig(acquire_wait_s=0.05))
+    ws._holds["r"] = Hold(generation=1, expiry_time=time.time() + 3600, block_ids=BLOCKS)
     s = Server("127.0.0.1", 0, ws._serve, message_timeout_s=2.0)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(W, "_ACQUIRE_WAIT_S", 0.05)
-        yield s, ws
+    yield s, ws
     s.close()
 
 
@@ -190,7 +191,7 @@ def producer_server():
 def test_fuzzed_frames_never_crash_or_hang_the_server(producer_server, data):
     s, ws = producer_server
     if "r" not in ws._holds:  # a fuzzed release freed it
-        ws._holds["r"] = W._Hold(generation=1, expiry_time=time.time() + 3600)
+        ws._holds["r"] = Hold(generation=1, expiry_time=time.time() + 3600, block_ids=BLOCKS)
     message = isinstance(data, dict)
     if message:
         fields = {k: ws.instance if v == INSTANCE else v for k, v in data["fields"].items()}
@@ -215,8 +216,27 @@ def test_fuzzed_frames_never_crash_or_hang_the_server(producer_server, data):
 
 def test_after_the_fuzz_the_server_still_answers(producer_server):
     s, ws = producer_server
-    ws._holds["r2"] = W._Hold(generation=1, expiry_time=time.time() + 3600)  # (r: released?)
+    ws._holds["r2"] = Hold(generation=1, expiry_time=time.time() + 3600, block_ids=BLOCKS)  # (r: released?)
     reply, _ = call(s.host, s.port, {"op": "acquire", "request_id": "r2", "generation": 1,
-                                     "instance": ws.instance, "timeout_s": 1e9}, 5.0)
-    assert reply == {"ok": True}
+                                     "instance": ws.instance, "timeout_s": 1e9,
+                                     "block_ids": [[1, 2]]}, 5.0)
+    assert reply == {"ok": True, "block_ids": [[1, 2]], "lease": ws._holds["r2"].lease}
     assert ws._holds["r2"].read_deadline <= time.time() + ws.cfg.read_timeout_s
+
+
+def test_connections_past_the_cap_are_closed_and_served_again_in_time():
+    """A peer holding every slot (silent connections): one more connection is closed at once,
+    unanswered, and the slots come back when the silent ones are cut at the deadline."""
+    s = Server("127.0.0.1", 0, echo, message_timeout_s=DEADLINE_S, max_connections=2)
+    try:
+        silent = [socket.create_connection(s.at) for _ in range(2)]
+        time.sleep(0.2)  # both accepted
+        with socket.create_connection(s.at) as third:  # (it sends nothing: a close, no reset)
+            assert closed_after(third, 3.0) < 0.5
+        for x in silent:
+            assert closed_after(x) < DEADLINE_S + 2.0
+            x.close()
+        time.sleep(0.1)
+        assert call(s.host, s.port, {"op": "hello"}, 5.0)[0]["echo"] == {"op": "hello"}
+    finally:
+        s.close()

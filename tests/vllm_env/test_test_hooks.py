@@ -14,6 +14,7 @@ from vllm.v1.request import RequestStatus
 from kvcache_ext.vllm import worker as W
 from kvcache_ext.vllm.config import ConnectorConfig
 from kvcache_ext.vllm.peer_input import bounded_seconds
+from kvcache_ext.vllm.producer import Hold
 from kvcache_ext.vllm.scheduler import SchedulerSide
 
 PARAMS = {"do_remote_prefill": True, "remote_block_ids": [[1, 2]], "remote_engine_id": "p",
@@ -51,12 +52,13 @@ def producer(cfg: ConnectorConfig) -> W.WorkerSide:
     vcfg = NS(kv_transfer_config=NS(engine_id="producer"), parallel_config=NS(),
               model_config=NS(max_model_len=4096))
     ws = W.WorkerSide(vcfg, NS(kv_cache_groups=[NS(layer_names=["l0"])]), cfg)
-    ws._holds["r"] = W._Hold(generation=1, expiry_time=time.time() + 60)
+    ws._holds["r"] = Hold(generation=1, expiry_time=time.time() + 60, block_ids=((1, 2),))
     return ws
 
 
 def acquire(ws: W.WorkerSide, **fields) -> dict:
-    m = {"op": "acquire", "request_id": "r", "generation": 1, "instance": ws.instance} | fields
+    m = {"op": "acquire", "request_id": "r", "generation": 1, "instance": ws.instance,
+         "block_ids": [[1, 2]]} | fields
     return ws._serve(m)[0]
 
 

@@ -1,0 +1,136 @@
+"""The producer's side of the side channel: a consumer asks for its NIXL metadata, for leave to
+read a prompt's blocks (acquire) and to free them (release). Every field of a peer's message is
+untrusted: a read is granted only for the request id, hand-off generation, worker instance and
+block ids this worker holds (NIXL reads are one-sided, so the producer names the blocks and an
+honest consumer reads nothing else), a peer's seconds are held to this engine's own bounds, and
+a release frees blocks under a granted read only with the lease that acquire handed out. Each
+refused acquire is counted (ProducerSide.refused) and, with stats_path, logged as a line."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+
+from .peer_input import bounded_seconds
+
+log = logging.getLogger("kvcache_ext.vllm")
+
+
+@dataclass
+class Hold:
+    generation: int
+    expiry_time: float        # time.time(): freed unread after this
+    block_ids: tuple[tuple[int, ...], ...] = ()  # every group's: what a read may take
+    read_deadline: float = 0  # time.time(): a granted read holds the blocks until then
+    lease: str = ""           # the granted read's: its release may free the blocks early
+
+
+class Refused(Exception):
+    """An acquire refused: reason (one word, the counter's key) and why (for the peer)."""
+
+    def __init__(self, reason: str, why: str) -> None:
+        super().__init__(why)
+        self.reason, self.why = reason, why
+
+
+class ProducerSide:
+    """Mixed into WorkerSide, whose state it uses: cfg, ep, pack, instance, engine_id,
+    layer_names, _cond (an RLock's condition), _holds (request id -> Hold), _drop_hold."""
+
+    refused: Counter  # acquires refused, by reason: hook, fields, instance, unknown, expired, blocks
+
+    def _serve(self, m: dict):
+        op = m.get("op")
+        if op == "meta":
+            return {"ok": True, "engine_id": self.engine_id, "instance": self.instance,
+                    "layers": self.layer_names}, self.ep.metadata()
+        if op == "acquire":
+            try:
+                return self._acquire(m)
+            except Refused as e:
+                self._count(e, m.get("request_id"))
+                return {"ok": False, "why": e.why}, b""
+        if op == "release":
+            return self._release_hold(m)
+        return {"ok": False, "why": f"unknown op {op!r:.40}"}, b""
+
+    def _acquire(self, m: dict):
+        if m.get("debug_delay_s") and not self.cfg.test_only_hooks:  # a peer picks no sleep
+            raise Refused("hook", "debug_delay_s is a test hook and this engine was not started "
+                                  "with test_only_hooks")
+        time.sleep(bounded_seconds(m.get("debug_delay_s"), self.cfg.read_timeout_s, 0.0))
+        rid, gen = m.get("request_id"), m.get("generation")
+        if not isinstance(rid, str) or type(gen) is not int:
+            raise Refused("fields", "request_id must be a string and generation an integer")
+        if m.get("instance") != self.instance:
+            raise Refused("instance", f"this is instance {self.instance}, the read names "
+                                      f"{m.get('instance')!r:.40} (restarted: its blocks are gone)")
+        timeout_s = bounded_seconds(m.get("timeout_s"), self.cfg.read_timeout_s)
+        with self._cond:
+            # the read may ask before this worker has the step's metadata that holds it
+            self._cond.wait_for(lambda: rid in self._holds,
+                                timeout=min(self.cfg.acquire_wait_s, timeout_s))
+            h = self._holds.get(rid)
+            if h is None or h.generation != gen:
+                raise Refused("unknown", f"request {rid:.80} (hand-off {gen}) holds no blocks "
+                                         f"here: freed, reused or never sent")
+            if time.time() > h.expiry_time:
+                self._drop_hold(rid)
+                raise Refused("expired", f"request {rid:.80}'s blocks were freed: the hold "
+                                         f"timed out")
+            held = [list(g) for g in h.block_ids]
+            if m.get("block_ids") != held:  # another request's, freed or out-of-range blocks
+                raise Refused("blocks", f"the read names blocks {str(m.get('block_ids')):.80} but "
+                                        f"request {rid:.80}'s hand-off {gen} holds {str(held):.80}")
+            h.read_deadline = time.time() + timeout_s  # at most our read timeout
+            h.lease = uuid.uuid4().hex
+            lease = h.lease
+        granted = {"ok": True, "block_ids": held, "lease": lease}
+        ask = m.get("pack")
+        if isinstance(ask, dict) and self.pack is not None:  # our blocks, not the ask's
+            return self._with_grant(granted, self.pack.pack(
+                self.ep.cache.buffer, self.ep.plan, rid, ask | {"block_ids": held[0]},
+                lambda: self._holding(rid, gen)))
+        return granted, b""
+
+    @staticmethod
+    def _with_grant(granted: dict, replies):
+        """The pack's replies, its first one carrying the grant's block ids and lease."""
+        try:
+            first = True
+            for reply, blob in replies:
+                yield (granted | reply if first and reply.get("ok") else reply), blob
+                first = False
+        finally:
+            replies.close()  # the pack's own cleanup (its range), whenever the stream ends
+
+    def _release_hold(self, m: dict):
+        rid, gen = m.get("request_id"), m.get("generation")
+        with self._cond:
+            h = self._holds.get(rid) if isinstance(rid, str) else None
+            if h is None or h.generation != gen or type(gen) is not int:
+                return {"ok": True}, b""  # nothing held under those: nothing to do
+            # under a granted read only its own lease frees the blocks (else a peer knowing
+            # the request id could free them mid-read: vLLM would reuse them under the read)
+            if h.read_deadline and m.get("lease") != h.lease:
+                return {"ok": False, "why": "a read of these blocks was granted: its lease "
+                                            "releases them"}, b""
+            self._drop_hold(rid)
+        return {"ok": True}, b""
+
+    def _holding(self, rid: str, gen: int) -> bool:
+        with self._cond:
+            h = self._holds.get(rid)
+            return h is not None and h.generation == gen
+
+    def _count(self, e: Refused, rid: object) -> None:
+        with self._cond:
+            self.refused[e.reason] += 1
+            if self.cfg.stats_path:
+                with open(self.cfg.stats_path, "a") as f:
+                    f.write(json.dumps({"refused": e.reason, "request_id": str(rid)[:80],
+                                        "why": e.why}) + "\n")
+        log.warning("KvcacheExtConnector: refused a read of %.80s: %s", rid, e.why)
