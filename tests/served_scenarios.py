@@ -58,9 +58,11 @@ def hostile(p: Server, d: Server, router: Router, alone: Server) -> dict:
     """Each hostile request against one engine's text for its prompt: equal, a near tie, or an
     error (never another prompt's answer)."""
     words = lambda i: " ".join(f"w{(i * 13 + k) % 126 + 1}" for k in range(600))  # noqa: E731
-    pre = {i: complete(p.url, words(i), {"do_remote_decode": True})["params"] for i in range(6)}
-    y = pre[5]["remote_block_ids"]  # prompt 5's blocks, held for a reader that never comes
+    pre = {i: complete(p.url, words(i), {"do_remote_decode": True})["params"] for i in range(8)}
+    y = pre[5]["remote_block_ids"]  # prompt 5's blocks, held for its reader (last)
+    complete(d.url, words(6), pre[6])  # prompt 6 read: its blocks freed
     cases = {
+        "freed blocks, direct": (d.url, 7, pre[7] | {"remote_block_ids": pre[6]["remote_block_ids"]}),
         "hook, direct": (d.url, 0, pre[0] | {"kvc_debug_corrupt": True}),
         "another request's blocks, direct": (d.url, 1, pre[1] | {"remote_block_ids": y}),
         "blocks past the cache, direct": (d.url, 2, pre[2] | {

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from dataclasses import asdict
 
-from kvc_harness.engines import (Engines, Prompt, external_hits, free_port, make_model, read_stats,
-                                refusals)
+from kvc_harness.engines import Engines, Prompt, external_hits, free_port, make_model, read_stats
+from kvc_harness.engines import refusals as producer_refusals
 
 LENGTHS = (1, 31, 33, 230)
 A_BLOCKS = 64  # the producer a's whole cache: the delayed-read case cycles every free block
@@ -298,7 +298,7 @@ def main(out_path: str) -> None:
         res["usage_start"] = usage0
         res["usage_end"] = {n: usage(e) for n, e in byname.items()}
         res["reads"] = {n: read_stats(p) for n, p in stats.items()}
-        res["refused"] = {n: refusals(p) for n, p in stats.items()}
+        res["refused"] = {n: producer_refusals(p) for n, p in stats.items()}
     res["seconds"] = time.time() - t_start
     with open(out_path, "w") as fh:
         json.dump(res, fh, default=lambda o: asdict(o) if hasattr(o, "__dataclass_fields__") else str(o))
