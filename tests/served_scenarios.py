@@ -68,8 +68,8 @@ def hostile(p: Server, d: Server, router: Router, alone: Server) -> dict:
         "blocks past the cache, direct": (d.url, 2, pre[2] | {
             "remote_block_ids": [[10 ** 6 + b for b in g] for g in pre[2]["remote_block_ids"]]}),
         "producer not allowed, direct": (d.url, 3, pre[3] | {"remote_host": "10.255.255.1"}),
-        "hook and forged blocks, router": (router.url, 4, pre[4] | {
-            "remote_block_ids": y, "kvc_debug_corrupt": True}),
+        "forged blocks, router": (router.url, 4, pre[4] | {"remote_block_ids": y}),
+        "hook, router": (router.url, 0, pre[0] | {"kvc_debug_corrupt": True}),
     }
     out = {}
     for name, (url, i, params) in cases.items():

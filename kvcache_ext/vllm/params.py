@@ -6,7 +6,6 @@ request then has nothing read and follows kv_load_failure_policy (scheduler.py).
 from __future__ import annotations
 
 import ipaddress
-import math
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -15,6 +14,7 @@ from .protocol import Remote
 MAX_NAME_CHARS = 256        # ids, instances, host names (a DNS name is at most 253)
 MAX_GROUPS = 64             # block lists: one per KV-cache group (DeepSeek-V4: 5)
 MAX_BLOCK_ID = (1 << 31) - 1
+MAX_SECONDS = 1e12          # time.time() values: far past any expiry, well within a float
 LOOPBACK = ("127.0.0.0/8", "::1", "localhost")
 
 
@@ -22,7 +22,11 @@ class ParamError(ValueError):
     """A field of kv_transfer_params that is not what a producer's parameters hold."""
 
     def __init__(self, field: str, expected: str, got: object) -> None:
-        super().__init__(f"kv_transfer_params[{field!r}] must be {expected}, got {got!r:.80}")
+        try:
+            shown = f"{got!r:.80}"
+        except ValueError:  # an int past Python's digit limit for str()
+            shown = f"a {type(got).__name__} too long to show"
+        super().__init__(f"kv_transfer_params[{field!r}] must be {expected}, got {shown}")
         self.field = field
 
 
@@ -122,8 +126,11 @@ def remote_of(p: Mapping, limits: ParamLimits) -> Remote:
                                                  f"({num_tokens}) block ids in [0, {MAX_BLOCK_ID}]",
                              g)
     expiry = p.get("remote_blocks_expiry_time", 0.0)
-    if isinstance(expiry, bool) or not isinstance(expiry, (int, float)) or not math.isfinite(expiry):
-        raise ParamError("remote_blocks_expiry_time", "a finite number (time.time())", expiry)
+    # compared, not converted: a 400-digit int raises no OverflowError, and NaN compares False
+    if (isinstance(expiry, bool) or not isinstance(expiry, (int, float))
+            or not -MAX_SECONDS <= expiry <= MAX_SECONDS):
+        raise ParamError("remote_blocks_expiry_time",
+                         f"a number of seconds (time.time()) within ±{MAX_SECONDS:g}", expiry)
     for field in ("tp_size", "dcp_size", "pp_size"):  # NixlConnector's keys: one rank each
         if field in p and (type(p[field]) is not int or p[field] != 1):
             raise ParamError(field, "1", p[field])

@@ -58,6 +58,7 @@ class SendSpec:
     expiry_time: float  # time.time() after which they are freed unread
     block_ids: tuple[tuple[int, ...], ...] = ()  # every group's: the only blocks a read of
     #                                               this hand-off may take
+    num_tokens: int = 0  # the prompt's tokens in them (the parameters' remote_num_tokens)
 
 
 @dataclass

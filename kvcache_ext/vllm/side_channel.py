@@ -135,11 +135,27 @@ class Server:
     connection closes), on (host, port) only; port 0 picks a free one. A request (no blob) must
     arrive whole within message_timeout_s of its connection, and each reply be taken within
     that long, or the connection ends. At most max_connections are served at once (each holds a
-    thread): one more is closed unanswered."""
+    thread), and at most half of them from one address: one more is closed unanswered, so
+    one peer's silent connections leave the others room."""
 
     def __init__(self, host: str, port: int, handler: Handler,
                  message_timeout_s: float = MESSAGE_TIMEOUT_S, max_connections: int = 64) -> None:
-        slots = threading.BoundedSemaphore(max_connections)
+        per_peer = max(1, max_connections // 2)
+        open_from: dict[str, int] = {}  # connections served now, by peer address
+        lock = threading.Lock()
+
+        def take(addr: str) -> bool:
+            with lock:
+                if sum(open_from.values()) >= max_connections or open_from.get(addr, 0) >= per_peer:
+                    return False
+                open_from[addr] = open_from.get(addr, 0) + 1
+                return True
+
+        def give(addr: str) -> None:
+            with lock:
+                open_from[addr] -= 1
+                if not open_from[addr]:
+                    del open_from[addr]
         class _Request(socketserver.BaseRequestHandler):
             def handle(self) -> None:
                 deadline = time.monotonic() + message_timeout_s
@@ -181,16 +197,20 @@ class Server:
             allow_reuse_address = True
 
             def process_request(self, request, client_address) -> None:
-                if not slots.acquire(blocking=False):  # a peer holding every slot is refused
-                    self.shutdown_request(request)     # more, and the others' end in time
+                if not take(client_address[0]):  # past a cap: closed at once, unanswered
+                    self.shutdown_request(request)
                     return
-                super().process_request(request, client_address)
+                try:
+                    super().process_request(request, client_address)
+                except BaseException:
+                    give(client_address[0])
+                    raise
 
             def process_request_thread(self, request, client_address) -> None:
                 try:
                     super().process_request_thread(request, client_address)
                 finally:
-                    slots.release()
+                    give(client_address[0])
 
         self._server = _Server((host, port), _Request)
         self.host, self.port = host, self._server.server_address[1]

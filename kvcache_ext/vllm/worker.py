@@ -112,7 +112,7 @@ class WorkerSide(ProducerSide):
     def start(self, meta: KvcacheExtMetadata) -> None:
         with self._cond:
             for rid, s in meta.send.items():
-                self._holds[rid] = Hold(s.generation, s.expiry_time, s.block_ids)
+                self._holds[rid] = Hold(s.generation, s.expiry_time, s.block_ids, s.num_tokens)
             self._loading += len(meta.recv)
             self._idle = meta.idle
             self._cond.notify_all()
@@ -268,6 +268,7 @@ class WorkerSide(ProducerSide):
             held = [list(g) for g in r.block_ids]  # the producer refuses any it does not hold
             ask = {"op": "acquire", "request_id": r.request_id, "generation": r.generation,
                    "instance": r.instance, "timeout_s": left(), "block_ids": held,
+                   "num_tokens": r.num_tokens,
                    "debug_delay_s": dbg.get("acquire_delay_s", 0.0)}
             pack = None if self.vplan is not None else pack_ask(
                 self.ep, peer, r.block_ids[0], rs.start, rs.count, plans=self.pack_plans)
@@ -368,7 +369,8 @@ class WorkerSide(ProducerSide):
         itself when its hold times out). lease: the acquire's, after a granted read."""
         try:
             call(r.host, r.port, {"op": "release", "request_id": r.request_id,
-                                  "generation": r.generation, "lease": lease},
+                                  "generation": r.generation, "lease": lease,
+                                  "block_ids": [list(g) for g in r.block_ids]},
                  timeout_s or self.cfg.read_timeout_s)
         except (OSError, ValueError) as e:  # gone, or a reply that breaks the rules (FrameError)
             log.info("KvcacheExtConnector: release of %s not delivered: %s", r.request_id, e)

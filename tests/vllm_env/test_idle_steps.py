@@ -105,9 +105,10 @@ def test_a_producer_s_idle_step_answers_with_the_hold_released_during_its_wait()
     """A producer holding a finished prompt's blocks for a reader: vLLM steps while it waits
     to free them; an idle step waits for the reader's release and reports it sent."""
     ws, _ = consumer(idle_wait_ms=30_000)
-    ws.start(KvcacheExtMetadata(send={"p": SendSpec("p", 7, time.time() + 60)}, idle=True))
+    ws.start(KvcacheExtMetadata(send={"p": SendSpec("p", 7, time.time() + 60, ((3,),), 9)},
+                                idle=True))
     threading.Timer(0.05, lambda: ws._serve({"op": "release", "request_id": "p",
-                                             "generation": 7})).start()
+                                             "generation": 7, "block_ids": [[3]]})).start()
     t = time.monotonic()
     assert ws.results() == ({"p"}, set(), set())  # without the wait: nothing yet
     assert time.monotonic() - t < 10, "the release did not wake the wait (it ran out)"

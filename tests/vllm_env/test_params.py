@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from types import SimpleNamespace as NS
 
 import pytest
@@ -20,7 +21,7 @@ from kvcache_ext.vllm import worker as W
 from kvcache_ext.vllm.config import ConnectorConfig
 from kvcache_ext.vllm.params import (ParamError, ParamLimits, allowed_of, check_blocks,
                                      producer_allowed, remote_of)
-from kvcache_ext.vllm.producer import Hold
+from kvcache_ext.vllm.producer import MIN_PART_BYTES, Hold
 from kvcache_ext.vllm.scheduler import SchedulerSide
 from kvcache_ext.vllm.side_channel import Server
 
@@ -44,12 +45,19 @@ LIMITS = ParamLimits(max_tokens=4096, num_groups=1, allowed=allowed_of("", "127.
     ("remote_request_id", ""), ("remote_request_id", "x" * 300), ("remote_request_id", 5),
     ("remote_engine_id", None), ("remote_instance", "a\nb"),
     ("remote_blocks_expiry_time", float("nan")), ("remote_blocks_expiry_time", "soon"),
+    ("remote_blocks_expiry_time", 10 ** 400),  # json takes it; float() would overflow
     ("tp_size", 2), ("transfer_mode", "push"),
 ])
 def test_each_bad_field_is_refused_by_name(field, value):
     with pytest.raises(ParamError, match=f"kv_transfer_params\\['{field}'\\]") as e:
         remote_of(GOOD | {field: value}, LIMITS)
     assert e.value.field == field
+
+
+def test_an_int_past_strs_digit_limit_is_refused_by_name():
+    """(LLM.generate takes any int; its repr would raise ValueError in the message.)"""
+    with pytest.raises(ParamError, match="remote_num_tokens.*too long to show"):
+        remote_of(GOOD | {"remote_num_tokens": 10 ** 5000}, LIMITS)
 
 
 def test_a_missing_field_is_refused_by_name():
@@ -103,8 +111,9 @@ FIELD_VALUES = {
     "remote_instance": st.sampled_from(["old"]) | JSON,
     "remote_port": st.sampled_from([1, 65535, 99999]) | JSON,
     "remote_host": st.sampled_from(["localhost", "10.0.0.1", "", "evil"]) | JSON,
-    "remote_num_tokens": st.sampled_from([1, 17, 10**9, -3]) | JSON,
-    "remote_engine_id": JSON, "remote_blocks_expiry_time": st.sampled_from([0, 1.0]) | JSON,
+    "remote_num_tokens": st.sampled_from([1, 17, 41, 48, 10**9, -3]) | JSON,
+    "remote_engine_id": JSON,
+    "remote_blocks_expiry_time": st.sampled_from([0, 1.0, 10**400, float("inf")]) | JSON,
     "tp_size": JSON, "transfer_mode": JSON, "do_remote_prefill": JSON,
     "kvc_debug_corrupt": JSON, "kvc_debug_timeout_s": JSON,
 }
@@ -179,7 +188,8 @@ def test_no_parameters_read_outside_the_requests_own_blocks(pair, mutated):
     with prod._cond:
         prod._holds.clear()
         for rid, blocks in HELD.items():
-            prod._holds[rid] = Hold(gen, time.time() + 60, tuple(tuple(g) for g in blocks))
+            prod._holds[rid] = Hold(gen, time.time() + 60, tuple(tuple(g) for g in blocks),
+                                    TOKENS)
     good = {"do_remote_prefill": True, "remote_block_ids": HELD["r"], "remote_engine_id": "p",
             "remote_request_id": "r", "remote_host": server.host, "remote_port": server.port,
             "remote_num_tokens": TOKENS, "remote_instance": prod.instance,
@@ -221,28 +231,97 @@ def test_the_producer_counts_each_forgery(pair):
     with prod._cond:
         prod._holds.clear()
         for rid, blocks in HELD.items():
-            prod._holds[rid] = Hold(1, time.time() + 60, tuple(tuple(g) for g in blocks))
-    before = prod.refused["blocks"]
-    ask = {"op": "acquire", "request_id": "r", "generation": 1, "instance": prod.instance}
+            prod._holds[rid] = Hold(1, time.time() + 60, tuple(tuple(g) for g in blocks), TOKENS)
+    before = Counter(prod.refused)
+    ask = {"op": "acquire", "request_id": "r", "generation": 1, "instance": prod.instance,
+           "num_tokens": TOKENS}
     for forged in (HELD["y"], [[10, 11, 12]], [[3, 4, 10**7]]):
         reply, _ = prod._serve(ask | {"block_ids": forged})
         assert reply["ok"] is False and "holds [[3, 4, 5]]" in reply["why"]
-    assert prod.refused["blocks"] == before + 3
+    # the blocks' last rows past the prompt's 40 tokens: whatever the blocks held before
+    reply, _ = prod._serve(ask | {"block_ids": HELD["r"], "num_tokens": 48})
+    assert reply["ok"] is False and "holds 40" in reply["why"]
+    assert prod.refused - before == Counter(blocks=3, tokens=1)
     assert prod._holds["r"].read_deadline == 0  # nothing granted
     reply, _ = prod._serve(ask | {"block_ids": HELD["r"]})
     assert reply["ok"] and reply["block_ids"] == HELD["r"] and reply["lease"]
 
 
-def test_a_granted_reads_blocks_are_freed_only_with_its_lease(pair):
-    """A peer that knows the request id and hand-off cannot free blocks under a read."""
+def grant(prod, rid: str = "r", timeout_s: float = 30.0) -> dict:
+    return prod._serve({"op": "acquire", "request_id": rid, "generation": 5,
+                        "instance": prod.instance, "block_ids": HELD[rid], "num_tokens": TOKENS,
+                        "timeout_s": timeout_s})[0]
+
+
+def release(prod, rid: str = "r", **fields) -> dict:
+    return prod._serve({"op": "release", "request_id": rid, "generation": 5} | fields)[0]
+
+
+def test_blocks_under_a_granted_read_are_freed_only_by_the_reads_leases(pair):
+    """Two reads granted (a router's retry, a duplicate): the first to end does not free the
+    blocks under the other; a peer that knows the request id and hand-off -- even one that
+    asks for a grant of its own with a zero timeout -- neither shortens a read's deadline nor
+    frees the blocks under it; the last read's release does."""
     prod, *_ = pair
     with prod._cond:
-        prod._holds["r"] = Hold(5, time.time() + 60, ((3, 4, 5),))
-    grant, _ = prod._serve({"op": "acquire", "request_id": "r", "generation": 5,
-                            "instance": prod.instance, "block_ids": [[3, 4, 5]]})
+        prod._holds["r"] = Hold(5, time.time() + 60, ((3, 4, 5),), TOKENS)
+    first, second = grant(prod), grant(prod)
+    deadline = prod._holds["r"].read_deadline
+    peer = grant(prod, timeout_s=0)
+    assert prod._holds["r"].read_deadline >= deadline  # never moved earlier
     for lease in (None, "guess", 7):
-        reply, _ = prod._serve({"op": "release", "request_id": "r", "generation": 5,
-                                "lease": lease})
-        assert reply["ok"] is False and "r" in prod._holds
-    assert prod._serve({"op": "release", "request_id": "r", "generation": 5,
-                        "lease": grant["lease"]})[0]["ok"] and "r" not in prod._holds
+        assert release(prod, lease=lease, block_ids=HELD["r"])["ok"] is False
+    assert release(prod, lease=peer["lease"])["ok"] and "r" in prod._holds
+    assert release(prod, lease=second["lease"])["ok"] and "r" in prod._holds  # first reads on
+    assert release(prod, lease=first["lease"])["ok"] and "r" not in prod._holds
+
+
+def test_before_a_grant_a_release_must_name_the_blocks(pair):
+    """A consumer that holds the prompt itself (or whose read failed before it asked) frees the
+    blocks with the parameters' block ids; a forged request naming a victim's request id with
+    other blocks frees nothing."""
+    prod, *_ = pair
+    with prod._cond:
+        prod._holds["r"] = Hold(5, time.time() + 60, ((3, 4, 5),), TOKENS)
+    assert release(prod, block_ids=HELD["y"])["ok"] is False and "r" in prod._holds
+    assert release(prod)["ok"] is False and "r" in prod._holds
+    assert release(prod, block_ids=HELD["r"])["ok"] and "r" not in prod._holds
+
+
+def test_a_peers_pack_request_is_bounded_and_packs_the_held_blocks(pair):
+    """A pack's tokens within the prompt held, its parts at least MIN_PART_BYTES; the blocks it
+    packs are the producer's own list, whatever the ask names."""
+    prod, *_ = pair
+    asked = []
+
+    def pack(buf, plan, rid, ask, alive):  # PackBuffer.pack's first reply, recorded
+        asked.append(ask)
+        yield {"ok": True, "packed": {"offset": 0}}, b""
+    prod.pack = NS(pack=pack)
+    prod.ep = NS(metadata=lambda: b"", cache=NS(buffer=None), plan=None)
+    try:
+        for bad, why in (({"start": 0, "count": 41}, "within the 40 held"),
+                         ({"start": -1, "count": 5}, "within the 40 held"),
+                         ({"part_bytes": 1}, "at least"), ({"count": "5"}, "integers")):
+            with prod._cond:
+                prod._holds["r"] = Hold(5, time.time() + 60, ((3, 4, 5),), TOKENS)
+            ask = {"start": 0, "count": 40, "part_bytes": MIN_PART_BYTES,
+                   "block_ids": [99]} | bad
+            reply, _ = prod._serve({"op": "acquire", "request_id": "r", "generation": 5,
+                                    "instance": prod.instance, "block_ids": HELD["r"],
+                                    "num_tokens": TOKENS, "pack": ask})
+            assert reply["ok"] and reply["packed"] is None and why in reply["why"], reply
+        assert asked == []
+        with prod._cond:
+            prod._holds["r"] = Hold(5, time.time() + 60, ((3, 4, 5),), TOKENS)
+        replies = prod._serve({"op": "acquire", "request_id": "r", "generation": 5,
+                               "instance": prod.instance, "block_ids": HELD["r"],
+                               "num_tokens": TOKENS,
+                               "pack": {"start": 0, "count": 40, "part_bytes": MIN_PART_BYTES,
+                                        "block_ids": [99]}})
+        (first, _), = list(replies)
+        assert first["packed"] == {"offset": 0} and first["lease"] and first["block_ids"] == HELD["r"]
+        assert asked[0]["block_ids"] == [3, 4, 5]  # the held list, not the ask's
+    finally:
+        prod.pack = None
+        prod.ep = NS(metadata=lambda: b"")

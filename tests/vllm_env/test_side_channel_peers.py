@@ -148,7 +148,8 @@ FIELDS = st.fixed_dictionaries({}, optional={
     "op": st.sampled_from(["meta", "acquire", "release", "nope"]) | JSON,
     "request_id": st.sampled_from(["r"]) | JSON, "generation": st.sampled_from([1]) | JSON,
     "instance": st.just(INSTANCE) | JSON, "timeout_s": JSON, "debug_delay_s": JSON,
-    "block_ids": st.just([[1, 2]]) | JSON, "lease": JSON, "pack": JSON})
+    "block_ids": st.just([[1, 2]]) | JSON, "num_tokens": st.just(40) | JSON, "lease": JSON,
+    "pack": JSON})
 BLOCKS = ((1, 2),)  # what the producer holds for r
 DEEP = b"[" * 100_000 + b"]" * 100_000  # json's recursion limit
 HUGE_INT = b'{"generation": ' + b"9" * 5000 + b"}"  # past Python's int-string limit
@@ -179,7 +180,7 @@ def producer_server():
               model_config=NS(max_model_len=4096))
     ws = W.WorkerSide(vcfg, NS(kv_cache_groups=[NS(layer_names=["l0"])]),
                       ConnectorConfig(acquire_wait_s=0.05))
-    ws._holds["r"] = Hold(generation=1, expiry_time=time.time() + 3600, block_ids=BLOCKS)
+    ws._holds["r"] = Hold(generation=1, expiry_time=time.time() + 3600, block_ids=BLOCKS, num_tokens=40)
     s = Server("127.0.0.1", 0, ws._serve, message_timeout_s=2.0)
     yield s, ws
     s.close()
@@ -191,7 +192,7 @@ def producer_server():
 def test_fuzzed_frames_never_crash_or_hang_the_server(producer_server, data):
     s, ws = producer_server
     if "r" not in ws._holds:  # a fuzzed release freed it
-        ws._holds["r"] = Hold(generation=1, expiry_time=time.time() + 3600, block_ids=BLOCKS)
+        ws._holds["r"] = Hold(generation=1, expiry_time=time.time() + 3600, block_ids=BLOCKS, num_tokens=40)
     message = isinstance(data, dict)
     if message:
         fields = {k: ws.instance if v == INSTANCE else v for k, v in data["fields"].items()}
@@ -216,23 +217,30 @@ def test_fuzzed_frames_never_crash_or_hang_the_server(producer_server, data):
 
 def test_after_the_fuzz_the_server_still_answers(producer_server):
     s, ws = producer_server
-    ws._holds["r2"] = Hold(generation=1, expiry_time=time.time() + 3600, block_ids=BLOCKS)  # (r: released?)
+    ws._holds["r2"] = Hold(generation=1, expiry_time=time.time() + 3600, block_ids=BLOCKS, num_tokens=40)  # (r: released?)
     reply, _ = call(s.host, s.port, {"op": "acquire", "request_id": "r2", "generation": 1,
                                      "instance": ws.instance, "timeout_s": 1e9,
-                                     "block_ids": [[1, 2]]}, 5.0)
-    assert reply == {"ok": True, "block_ids": [[1, 2]], "lease": ws._holds["r2"].lease}
+                                     "block_ids": [[1, 2]], "num_tokens": 40}, 5.0)
+    assert reply == {"ok": True, "block_ids": [[1, 2]], "lease": reply["lease"]}
+    assert ws._holds["r2"].leases == {reply["lease"]}
     assert ws._holds["r2"].read_deadline <= time.time() + ws.cfg.read_timeout_s
 
 
 def test_connections_past_the_cap_are_closed_and_served_again_in_time():
-    """A peer holding every slot (silent connections): one more connection is closed at once,
-    unanswered, and the slots come back when the silent ones are cut at the deadline."""
-    s = Server("127.0.0.1", 0, echo, message_timeout_s=DEADLINE_S, max_connections=2)
+    """A peer holding its share of the slots (half of them: silent connections): one more
+    connection from it is closed at once, unanswered, while a peer at another address is still
+    answered; the slots come back when the silent ones are cut at the deadline."""
+    s = Server("127.0.0.1", 0, echo, message_timeout_s=DEADLINE_S, max_connections=4)
     try:
         silent = [socket.create_connection(s.at) for _ in range(2)]
         time.sleep(0.2)  # both accepted
         with socket.create_connection(s.at) as third:  # (it sends nothing: a close, no reset)
             assert closed_after(third, 3.0) < 0.5
+        with socket.create_connection(s.at, source_address=("127.0.0.2", 0)) as other:
+            other.sendall(frame({"op": "other"}))
+            other.settimeout(3.0)
+            reply, _ = recv(other, lambda: 3.0)
+            assert reply["echo"] == {"op": "other"}
         for x in silent:
             assert closed_after(x) < DEADLINE_S + 2.0
             x.close()

@@ -52,13 +52,14 @@ def producer(cfg: ConnectorConfig) -> W.WorkerSide:
     vcfg = NS(kv_transfer_config=NS(engine_id="producer"), parallel_config=NS(),
               model_config=NS(max_model_len=4096))
     ws = W.WorkerSide(vcfg, NS(kv_cache_groups=[NS(layer_names=["l0"])]), cfg)
-    ws._holds["r"] = Hold(generation=1, expiry_time=time.time() + 60, block_ids=((1, 2),))
+    ws._holds["r"] = Hold(generation=1, expiry_time=time.time() + 60, block_ids=((1, 2),),
+                          num_tokens=40)
     return ws
 
 
 def acquire(ws: W.WorkerSide, **fields) -> dict:
     m = {"op": "acquire", "request_id": "r", "generation": 1, "instance": ws.instance,
-         "block_ids": [[1, 2]]} | fields
+         "block_ids": [[1, 2]], "num_tokens": 40} | fields
     return ws._serve(m)[0]
 
 
