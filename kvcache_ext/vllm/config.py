@@ -32,9 +32,10 @@ class ConnectorConfig:
     #                                 whole within this long of its connection (a silent or
     #                                 byte-dripping peer is cut off), and each reply be taken
     #                                 within this long
-    side_channel_max_connections: int = 64  # producer: connections served at once; one more
-    #                                 is closed at once (each holds a thread for up to
-    #                                 side_channel_timeout_s)
+    side_channel_max_connections: int = 128  # producer: connections served at once, at most
+    #                                 half of them from one address (a packed read holds one
+    #                                 for its whole read); one more is closed at once (each
+    #                                 holds a thread for up to side_channel_timeout_s)
     acquire_wait_s: float = 5.0    # producer: an acquire for a request it does not hold yet waits
     #                                 up to this long (the read may ask before this worker has
     #                                 the step's metadata that holds it), at most the read's own

@@ -90,10 +90,10 @@ class ProducerSide:
             if h is None or h.generation != gen:
                 raise Refused("unknown", f"request {rid:.80} (hand-off {gen}) holds no blocks "
                                          f"here: freed, reused or never sent")
-            if time.time() > h.expiry_time:
-                self._drop_hold(rid)
-                raise Refused("expired", f"request {rid:.80}'s blocks were freed: the hold "
-                                         f"timed out")
+            if time.time() > h.expiry_time:  # no new read; granted ones keep their deadline
+                if not h.leases:
+                    self._drop_hold(rid)
+                raise Refused("expired", f"request {rid:.80}'s hold timed out: no new read")
             held = [list(g) for g in h.block_ids]
             if m.get("block_ids") != held:  # another request's, freed or out-of-range blocks
                 raise Refused("blocks", f"the read names blocks {str(m.get('block_ids')):.80} but "

@@ -139,7 +139,7 @@ class Server:
     one peer's silent connections leave the others room."""
 
     def __init__(self, host: str, port: int, handler: Handler,
-                 message_timeout_s: float = MESSAGE_TIMEOUT_S, max_connections: int = 64) -> None:
+                 message_timeout_s: float = MESSAGE_TIMEOUT_S, max_connections: int = 128) -> None:
         per_peer = max(1, max_connections // 2)
         open_from: dict[str, int] = {}  # connections served now, by peer address
         lock = threading.Lock()

@@ -325,3 +325,21 @@ def test_a_peers_pack_request_is_bounded_and_packs_the_held_blocks(pair):
     finally:
         prod.pack = None
         prod.ep = NS(metadata=lambda: b"")
+
+
+def test_an_acquire_after_the_hold_expired_never_frees_blocks_under_a_granted_read(pair):
+    """A read granted before the hold's expiry runs to its own deadline: a later acquire (a
+    retry, a duplicate, any peer with the request id) is refused as expired and frees nothing;
+    with no read granted, the expired hold is freed at once."""
+    prod, *_ = pair
+    with prod._cond:
+        prod._holds["r"] = Hold(5, time.time() + 60, ((3, 4, 5),), TOKENS)
+    first = grant(prod)
+    with prod._cond:
+        prod._holds["r"].expiry_time = time.time() - 1
+    late = grant(prod)
+    assert late["ok"] is False and "timed out" in late["why"] and "r" in prod._holds
+    assert release(prod, lease=first["lease"])["ok"] and "r" not in prod._holds
+    with prod._cond:
+        prod._holds["r"] = Hold(5, time.time() - 1, ((3, 4, 5),), TOKENS)
+    assert grant(prod)["ok"] is False and "r" not in prod._holds
