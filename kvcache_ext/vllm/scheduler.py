@@ -79,7 +79,8 @@ class SchedulerSide:
         # every group's block table (a window group's blocks before its window are vLLM's
         # null block): the worker reads the rows each group keeps of tokens past the local hit
         self._meta.recv[request.request_id] = RecvSpec(
-            request.request_id, remote, block_ids, local_hit, num_external_tokens, error, {k[len("kvc_debug_"):]: p[k] for k in hooks})
+            request.request_id, remote, block_ids, local_hit, num_external_tokens, error,
+            {k[len("kvc_debug_"):]: p[k] for k in hooks})
 
     # ---- producer ------------------------------------------------------------------------------
     def request_finished(self, request,

@@ -41,6 +41,8 @@ from .protocol import KvcacheExtMetadata, RecvSpec, Remote, WorkerAddress
 from .side_channel import Server, call, stream
 
 log = logging.getLogger("kvcache_ext.vllm")
+
+
 class WorkerSide(ProducerSide):
     def __init__(self, vllm_config, kv_cache_config, cfg: ConnectorConfig,
                  vplan: VllmGroupPlan | None = None) -> None:
